@@ -1,0 +1,45 @@
+"""The FastAPI application of one environment."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from tether import __version__
+from tether.api import errors, events, tasks, threads
+from tether.api.limits import BodyLimit
+from tether.environment import Environment
+
+
+def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_lifecycle:
+            await env.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                await env.close()
+
+    app = FastAPI(
+        title="tether",
+        version=__version__,
+        description="Delegate work between agent threads and always get the answer back.",
+        lifespan=lifespan,
+    )
+    app.state.env = env
+    errors.install(app)
+
+    @app.get("/api/health", tags=["environment"])
+    async def health() -> dict[str, Any]:
+        return env.health()
+
+    app.include_router(threads.router)
+    app.include_router(tasks.router)
+    app.include_router(events.router)
+    app.add_middleware(BodyLimit)
+    return app

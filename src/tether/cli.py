@@ -1,0 +1,212 @@
+"""The ``tether`` command line: serve an environment, talk to one, run the demo."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tether.client import DEFAULT_URL, ApiError, Client, resolve_token
+
+app = typer.Typer(help="tether: delegate work between agent threads and never lose an answer.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+thread_app = typer.Typer(help="Create, message, show and wait on threads.", no_args_is_help=True)
+task_app = typer.Typer(help="List, show and cancel delegated tasks.", no_args_is_help=True)
+app.add_typer(thread_app, name="thread")
+app.add_typer(task_app, name="task")
+
+out = Console()
+err = Console(stderr=True)
+
+UrlOpt = typer.Option(os.environ.get("TETHER_URL", DEFAULT_URL), "--url", help="Environment URL (TETHER_URL).")
+TokenOpt = typer.Option(None, "--token", help="Bearer token (TETHER_TOKEN; default: DATA/admin.token).")
+DataOpt = typer.Option(None, "--data", help="Data directory whose admin.token to use.")
+JsonOpt = typer.Option(False, "--json", help="Print JSON.")
+
+
+def _client(url: str, token: str | None, data: Path | None, timeout: float = 60.0) -> Client:
+    return Client(url, resolve_token(token, data), timeout)
+
+
+def _call(fn: Any) -> Any:
+    try:
+        return fn()
+    except ApiError as error:
+        err.print(f"[red]error[/red] {error.status} {error.code}: {error.message}")
+        raise typer.Exit(1) from None
+    except Exception as error:  # connection refused and the like
+        err.print(f"[red]error[/red] {type(error).__name__}: {error}")
+        raise typer.Exit(1) from None
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+
+
+@app.command()
+def serve(
+    data: Path = typer.Option(Path("./tether-data"), "--data", help="Data directory."),
+    port: int = typer.Option(8765, "--port"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    name: str | None = typer.Option(None, "--name", help="Human name of this environment."),
+) -> None:
+    """Serve one environment over HTTP (admin token in DATA/admin.token)."""
+    from tether.server import serve as run
+
+    asyncio.run(run(data, port, host, name))
+
+
+@app.command()
+def demo(
+    as_json: bool = JsonOpt,
+    data: Path | None = typer.Option(None, "--data", help="Keep the environments' data here."),
+    probes: str = typer.Option("1,2,3,4,5,6", "--probes", help="Which probes to run."),
+) -> None:
+    """Start two environments on loopback and run the six probes, local and remote."""
+    from tether.demo import print_table, run_demo
+
+    rows = run_demo(data, [int(p) for p in probes.split(",") if p.strip()], err)
+    if as_json:
+        _print_json(rows)
+    else:
+        print_table(rows, out)
+    if not all(row["delivered"] for row in rows):
+        raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------- threads
+
+
+@thread_app.command("new")
+def thread_new(
+    message: str = typer.Argument(None, help="First message (for the script provider: the script)."),
+    provider: str = typer.Option("script", "--provider"),
+    title: str | None = typer.Option(None, "--title"),
+    file: Path | None = typer.Option(None, "--file", help="Read the first message from a file."),
+    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+) -> None:
+    """Create a thread (and start its first run if a message is given)."""
+    text = file.read_text() if file else message
+    client = _client(url, token, data)
+    result = _call(lambda: client.post("/api/threads", {"provider": provider, "title": title, "message": text}))
+    _print_json(result) if as_json else out.print(f"thread [bold]{result['threadId']}[/bold] run {result['runId']}")
+
+
+@thread_app.command("send")
+def thread_send(
+    thread_id: str, text: str,
+    mode: str = typer.Option("auto", "--mode", help="auto or queue"),
+    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+) -> None:
+    """Send a message to a thread."""
+    client = _client(url, token, data)
+    result = _call(lambda: client.post(f"/api/threads/{thread_id}/messages", {"text": text, "mode": mode}))
+    _print_json(result) if as_json else out.print(f"message {result['messageId']} run {result['runId']} ({result['delivery']})")
+
+
+@thread_app.command("show")
+def thread_show(
+    thread_id: str, url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show a thread: its messages, runs and background work."""
+    client = _client(url, token, data)
+    view = _call(lambda: client.get(f"/api/threads/{thread_id}"))
+    if as_json:
+        _print_json(view)
+        return
+    out.print(f"[bold]{view['threadId']}[/bold] {view['provider']} · {view['status']} · "
+              f"{'settled' if view['settled'] else 'not settled'}")
+    table = Table("#", "role", "text", "run", title="messages")
+    for m in view["messages"]:
+        table.add_row(str(m["position"]), m["role"], m["text"][:200], m["runId"] or "")
+    out.print(table)
+    runs = Table("run", "trigger", "status", "reply", title="runs")
+    for r in view["runs"]:
+        runs.add_row(r["runId"], r["trigger"]["kind"], r["status"], (r["reply"] or r["error"] or "")[:80])
+    out.print(runs)
+    if view["background"]:
+        items = Table("item", "kind", "status", "held", "what", title="background")
+        for i in view["background"]:
+            items.add_row(i["id"], i["kind"], i["status"], "yes" if i["held"] else "",
+                          i["command"] or i["text"] or i["taskId"] or "")
+        out.print(items)
+
+
+@thread_app.command("wait")
+def thread_wait(
+    thread_id: str,
+    until_settled: bool = typer.Option(False, "--settled", help="Wait until settled, not just idle."),
+    after_run: str | None = typer.Option(None, "--after-run"),
+    timeout_ms: int = typer.Option(300_000, "--timeout-ms"),
+    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+) -> None:
+    """Wait until a thread is idle (or settled)."""
+    client = _client(url, token, data, timeout=timeout_ms / 1000 + 30)
+    with err.status(f"waiting for {thread_id}…"):
+        result = _call(lambda: client.get(f"/api/threads/{thread_id}/wait", untilSettled=until_settled,
+                                          afterRunId=after_run, timeoutMs=timeout_ms))
+    if as_json:
+        _print_json(result)
+    else:
+        state = "timed out" if result["timedOut"] else ("settled" if result["settled"] else result["status"])
+        out.print(f"{thread_id}: {state} (last run {result['runId']})")
+    if result["timedOut"]:
+        raise typer.Exit(2)
+
+
+# ---------------------------------------------------------------------- tasks
+
+
+def _task_table(tasks: list[dict[str, Any]]) -> Table:
+    table = Table("task", "title", "status", "work", "result", "follow-up of", "delivery")
+    for t in tasks:
+        result = (t.get("result") or {}).get("text")
+        table.add_row(t["taskId"], t.get("title") or "", t["status"], t["workState"],
+                      (result or "")[:60], t.get("followUpOf") or "", t["delivery"]["state"])
+    return table
+
+
+@task_app.command("list")
+def task_list(
+    parent: str | None = typer.Option(None, "--parent", help="Only tasks of this parent thread."),
+    status: str | None = typer.Option(None, "--status"),
+    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+) -> None:
+    """List delegated tasks and follow-ups."""
+    client = _client(url, token, data)
+    result = _call(lambda: client.get("/api/tasks", parentThreadId=parent, status=status))
+    _print_json(result) if as_json else out.print(_task_table(result["tasks"]))
+
+
+@task_app.command("show")
+def task_show(
+    task_id: str, url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show one task."""
+    client = _client(url, token, data)
+    result = _call(lambda: client.get(f"/api/tasks/{task_id}"))
+    _print_json(result) if as_json else out.print(_task_table([result]))
+
+
+@task_app.command("cancel")
+def task_cancel(
+    task_id: str, reason: str | None = typer.Option(None, "--reason"),
+    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+) -> None:
+    """Cancel a task: its child stops, and the parent is told once."""
+    client = _client(url, token, data)
+    result = _call(lambda: client.post(f"/api/tasks/{task_id}/cancel", {"reason": reason}))
+    _print_json(result) if as_json else out.print(f"{result['taskId']}: {result['status']}")
+
+
+def main() -> None:
+    app()

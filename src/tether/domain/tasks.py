@@ -1,0 +1,107 @@
+"""Delegated tasks: status, work state, results, follow-ups and delivery (SPEC §1, G1–G4)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tether.domain.records import Run, Task
+from tether.domain.types import Delivery, DomainError, RunStatus, TaskStatus, WorkState
+
+_RESULT_STATUS = {
+    RunStatus.COMPLETED: TaskStatus.COMPLETED,
+    RunStatus.FAILED: TaskStatus.FAILED,
+    RunStatus.INTERRUPTED: TaskStatus.INTERRUPTED,
+    RunStatus.CANCELLED: TaskStatus.CANCELLED,
+}
+
+
+def mark_running(task: Task) -> None:
+    if task.status == TaskStatus.QUEUED:
+        task.status = TaskStatus.RUNNING
+
+
+def note_reply(task: Task, run: Run) -> None:
+    """A non-progress run ended while the task is open: its reply is the interim."""
+    if task.is_open and run.reply is not None:
+        task.interim = run.reply
+
+
+def note_progress(task: Task, run: Run) -> None:
+    if run.reply is not None:
+        task.progress.append({"runId": run.id, "text": run.reply, "at": run.ended_at})
+
+
+def complete(task: Task, answer: Run | None, at: str) -> None:
+    """The child settled: its last non-progress run's reply is the result (G1)."""
+    if not task.is_open:
+        raise DomainError(f"task {task.id} is already {task.status}")
+    if answer is not None and answer.is_progress:
+        raise DomainError("a progress run is never a result (G4)")
+    status = _RESULT_STATUS.get(answer.status, TaskStatus.COMPLETED) if answer else TaskStatus.COMPLETED
+    task.status = status
+    task.work_state = WorkState.RESULT_AVAILABLE
+    task.result = {
+        "text": answer.reply if answer else None,
+        "runId": answer.id if answer else None,
+        "status": str(status),
+    }
+    task.completed_at = at
+
+
+def cancel(task: Task, at: str) -> None:
+    if not task.is_open:
+        raise DomainError(f"task {task.id} is already {task.status}")
+    task.status = TaskStatus.CANCELLED
+    task.work_state = WorkState.RESULT_AVAILABLE
+    task.result = {"text": None, "runId": None, "status": "cancelled"}
+    task.completed_at = at
+
+
+def follow_up(original: Task, task_id: str, at: str) -> Task:
+    """A new task for a later answer of the same child (same parent and child threads)."""
+    return Task(
+        id=task_id,
+        parent_environment_id=original.parent_environment_id,
+        parent_thread_id=original.parent_thread_id,
+        child_environment_id=original.child_environment_id,
+        child_thread_id=original.child_thread_id,
+        created_at=at,
+        title=original.title,
+        mode="async",
+        hold=original.hold,
+        follow_up_of=original.id,
+    )
+
+
+# Delivery: pending → claimed → delivered → acknowledged, or disposed.
+
+_DELIVERY_STEPS = {
+    Delivery.CLAIMED: {Delivery.PENDING},
+    Delivery.DELIVERED: {Delivery.PENDING, Delivery.CLAIMED},
+    Delivery.ACKNOWLEDGED: {Delivery.DELIVERED},
+    Delivery.DISPOSED: {Delivery.PENDING, Delivery.CLAIMED},
+}
+
+
+def advance_delivery(task: Task, to: Delivery) -> bool:
+    """Move the delivery on; False (and no change) when it is already at or past ``to``.
+
+    Returning False instead of raising is what makes duplicate deliveries harmless (G3):
+    the second attempt finds the state already moved and does nothing.
+    """
+    if task.delivery_state not in _DELIVERY_STEPS[to]:
+        return False
+    task.delivery_state = to
+    return True
+
+
+def wake_text(tasks: Iterable[Task]) -> str:
+    """A completion wake lists each task once with its result text verbatim, nothing else."""
+    parts = []
+    for task in tasks:
+        title = f' "{task.title}"' if task.title else ""
+        kind = f"follow-up of {task.follow_up_of}" if task.follow_up_of else "task"
+        text = (task.result or {}).get("text")
+        body = text if text is not None else "(no reply)"
+        parts.append(f"[{kind} {task.id}{title}: {task.status}]\n{body}")
+    return "\n\n".join(parts)

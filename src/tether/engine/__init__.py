@@ -1,0 +1,2 @@
+"""The application: commands (one transaction each) and the runtime that carries out their
+side effects from the outbox."""

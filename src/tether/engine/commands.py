@@ -1,0 +1,854 @@
+"""Commands: every change to tether is one of these, applied in order, in one transaction.
+
+Each public method opens a :class:`Unit`, changes records through the pure domain rules,
+appends events and outbox rows, then — still inside the transaction — reconciles every
+thread it touched (start the next run, recompute settled, turn a settled child's reply
+into its task's result, queue the parent's wake). Only then does it commit. So a child's
+answer and its parent's wake, or a background item's end and its wake run (G2), become
+visible together or not at all.
+
+Side effects (start a provider turn, spawn or kill a process, arm a timer, call a peer)
+are outbox rows; :mod:`tether.engine.runtime` carries them out after the commit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from tether.domain import background, runs, tasks, threads
+from tether.domain.records import Item, Message, Run, Task, Thread
+from tether.domain.types import (
+    ACTIVE_RUN,
+    OPEN_TASK,
+    Delivery,
+    DomainError,
+    ItemKind,
+    ItemStatus,
+    RunStatus,
+    TaskStatus,
+    Trigger,
+)
+from tether.domain.views import item_view, message_view, run_view, task_view, thread_summary
+from tether.engine.unit import Unit
+from tether.errors import Conflict, Invalid, NotFound
+from tether.ids import format_time, new_id, now, parse_time
+from tether.store.base import Store
+from tether.types import Caller
+
+_TERMINAL_ITEM = {
+    TaskStatus.COMPLETED: ItemStatus.ENDED,
+    TaskStatus.FAILED: ItemStatus.FAILED,
+    TaskStatus.INTERRUPTED: ItemStatus.FAILED,
+    TaskStatus.CANCELLED: ItemStatus.CANCELLED,
+}
+
+
+class Commands:
+    def __init__(
+        self,
+        store: Store,
+        environment_id: str,
+        providers: frozenset[str] = frozenset({"script"}),
+        on_commit: Callable[[set[str]], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.environment_id = environment_id
+        self.providers = providers
+        self._on_commit = on_commit
+
+    # ------------------------------------------------------------------ plumbing
+
+    @contextmanager
+    def unit(self) -> Iterator[Unit]:
+        with self.store.transaction() as tx:
+            u = Unit(tx, self.environment_id)
+            yield u
+            self._settle(u)
+        if self._on_commit and u.touched:
+            self._on_commit(u.touched)
+
+    def _once(
+        self, caller: Caller, name: str, key: str | None, body: Callable[[Unit], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Run ``body`` in one unit, at most once per (caller, ``name``, ``key``) (G9)."""
+        with self.unit() as u:
+            if key:
+                seen = u.tx.get_request(caller.scope, f"{name}:{key}")
+                if seen is not None:
+                    return seen
+            result = body(u)
+            if key:
+                u.tx.put_request(caller.scope, f"{name}:{key}", result)
+            return result
+
+    # ------------------------------------------------------------------ access (G10)
+
+    def visible(self, u: Unit, caller: Caller, thread: Thread) -> bool:
+        if caller.kind == "admin":
+            return True
+        if caller.kind == "link":
+            return thread.token_id == caller.token_id
+        own = u.load(Thread, caller.thread_id)
+        return own is not None and (own.token_id is None or own.token_id == thread.token_id)
+
+    def thread_for(self, u: Unit, caller: Caller, thread_id: str) -> Thread:
+        thread = u.load(Thread, thread_id)
+        if thread is None or not self.visible(u, caller, thread):
+            raise NotFound(f"no thread with id {thread_id!r}")
+        return thread
+
+    def task_for(self, u: Unit, caller: Caller, task_id: str) -> Task:
+        task = u.load(Task, task_id)
+        if task is not None:
+            for thread_id in (task.child_thread_id, task.parent_thread_id):
+                thread = u.load(Thread, thread_id) if self._local_side(task, thread_id) else None
+                if thread is not None and self.visible(u, caller, thread):
+                    return task
+        raise NotFound(f"no task with id {task_id!r}")
+
+    def _local_side(self, task: Task, thread_id: str) -> bool:
+        if thread_id == task.child_thread_id:
+            return task.child_environment_id == self.environment_id
+        return task.parent_environment_id == self.environment_id
+
+    # ------------------------------------------------------------------ threads, messages
+
+    def create_thread(
+        self,
+        caller: Caller,
+        provider: str,
+        title: str | None = None,
+        message: str | None = None,
+        client_request_id: str | None = None,
+    ) -> dict[str, Any]:
+        if provider not in self.providers:
+            known = ", ".join(sorted(self.providers))
+            raise Invalid(f"unknown provider {provider!r}; this environment has: {known}")
+
+        def body(u: Unit) -> dict[str, Any]:
+            thread = self._new_thread(u, provider, title, token_id=caller.token_id)
+            run_id = None
+            if message is not None:
+                source = {"kind": Trigger.USER}
+                run_id = self._post(u, thread, message, source, Trigger.USER).id
+            return {"threadId": thread.id, "runId": run_id}
+
+        return self._once(caller, "create_thread", client_request_id, body)
+
+    def _new_thread(
+        self,
+        u: Unit,
+        provider: str,
+        title: str | None,
+        token_id: str | None = None,
+        parent: dict[str, Any] | None = None,
+        task_id: str | None = None,
+    ) -> Thread:
+        thread = Thread(
+            id=new_id("thr"),
+            provider=provider,
+            created_at=u.at,
+            title=title,
+            parent=parent,
+            root_task_id=task_id,
+            open_task_id=task_id,
+            latest_task_id=task_id,
+            token_id=token_id,
+        )
+        u.save(thread)
+        u.emit("thread.created", thread_summary(thread, self.environment_id), thread_id=thread.id)
+        return thread
+
+    def post_message(
+        self,
+        caller: Caller,
+        thread_id: str,
+        text: str,
+        mode: str = "auto",
+        client_request_id: str | None = None,
+    ) -> dict[str, Any]:
+        """A message to a thread. From another thread (or through a link with an origin)
+        it is a ``message`` trigger; from a person or API client a ``user`` trigger."""
+        if mode not in ("auto", "queue"):
+            raise Invalid(f"mode must be 'auto' or 'queue', not {mode!r}")
+
+        def body(u: Unit) -> dict[str, Any]:
+            thread = self.thread_for(u, caller, thread_id)
+            origin = self._origin(caller)
+            if origin is not None:
+                source = {"kind": Trigger.MESSAGE, "origin": origin}
+                kind = Trigger.MESSAGE
+            else:
+                source, kind = {"kind": Trigger.USER}, Trigger.USER
+            if origin and self._is_parent(thread, origin) and thread.root_task_id:
+                self._follow_up_on_send(u, thread)
+            busy = bool(u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN)))
+            run = self._post(u, thread, text, source, kind)
+            return {
+                "messageId": run.trigger["messageIds"][-1],
+                "runId": run.id,
+                "delivery": "queued" if busy else "started",
+            }
+
+        return self._once(caller, "post_message", client_request_id, body)
+
+    def _origin(self, caller: Caller) -> dict[str, Any] | None:
+        if caller.origin:
+            return caller.origin
+        if caller.kind == "thread":
+            return {"environmentId": self.environment_id, "threadId": caller.thread_id}
+        return None
+
+    @staticmethod
+    def _is_parent(thread: Thread, origin: dict[str, Any]) -> bool:
+        parent = thread.parent or {}
+        return (
+            parent.get("threadId") == origin.get("threadId")
+            and parent.get("environmentId") == origin.get("environmentId")
+        )
+
+    def _follow_up_on_send(self, u: Unit, thread: Thread) -> None:
+        """The parent wrote to its child after the task completed: a follow-up opens now,
+        and the child's next answer completes it (SPEC §1 Follow-ups)."""
+        if thread.open_task_id is None and not thread.cancelled:
+            self._open_follow_up(u, thread)
+
+    def _post(self, u: Unit, thread: Thread, text: str, source: dict[str, Any], kind: str) -> Run:
+        message = self._message(u, thread, "user", text, source)
+        return self._queue(u, thread, kind, [message])
+
+    def _message(
+        self,
+        u: Unit,
+        thread: Thread,
+        role: str,
+        text: str,
+        source: dict[str, Any] | None = None,
+        run_id: str | None = None,
+    ) -> Message:
+        thread.message_count += 1
+        u.save(thread)
+        message = Message(
+            id=new_id("msg"),
+            thread_id=thread.id,
+            seq=thread.message_count,
+            role=role,
+            text=text,
+            created_at=u.at,
+            source=source,
+            run_id=run_id,
+        )
+        u.save(message)
+        u.emit("message.created", message_view(message), thread_id=thread.id, run_id=run_id)
+        return message
+
+    # ------------------------------------------------------------------ runs
+
+    def _queue(
+        self,
+        u: Unit,
+        thread: Thread,
+        kind: str,
+        messages: list[Message],
+        key: str | None = None,
+        **extra: Any,
+    ) -> Run:
+        """Queue a run for ``kind`` — or fold the messages into a queued run that takes them."""
+        run = next(
+            (r for r in u.query(Run, thread_id=thread.id, status=RunStatus.QUEUED)
+             if runs.folds_into(r, kind, key)),
+            None,
+        )
+        if run is None:
+            thread.run_count += 1
+            u.save(thread)
+            trigger = {"kind": str(kind), "key": key, "messageIds": [], **extra}
+            run = Run(new_id("run"), thread.id, thread.run_count, trigger, queued_at=u.at)
+            event = "run.queued"
+        else:
+            event = "run.folded"
+        run.trigger = {**run.trigger, "messageIds": run.trigger["messageIds"] + [m.id for m in messages]}
+        for message in messages:
+            message.run_id = run.id
+            u.save(message)
+        u.save(run)
+        u.emit(event, run_view(run), thread_id=thread.id, run_id=run.id)
+        u.mark(thread.id)
+        return run
+
+    def _dispatch(self, u: Unit, thread: Thread) -> None:
+        """One run at a time per thread, in order: start the oldest queued run if none runs."""
+        active = u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN))
+        if any(run.status == RunStatus.RUNNING for run in active) or not active:
+            return
+        run = min(active, key=lambda r: r.seq)
+        runs.start(run, u.at)
+        u.save(run)
+        u.emit("run.started", run_view(run), thread_id=thread.id, run_id=run.id)
+        u.tx.add_outbox("run.execute", {"runId": run.id})
+        self._on_run_started(u, thread, run)
+
+    def _on_run_started(self, u: Unit, thread: Thread, run: Run) -> None:
+        if run.kind == Trigger.DELEGATED_TASK:
+            self._advance(u, run.trigger.get("taskIds", []), Delivery.DELIVERED)
+        if thread.root_task_id is None or run.is_progress:
+            return
+        task = u.load(Task, thread.open_task_id)
+        if task is not None:
+            tasks.mark_running(task)
+            self._save_task(u, task)
+        elif not thread.cancelled:
+            follow_up = self._open_follow_up(u, thread)
+            tasks.mark_running(follow_up)
+            self._save_task(u, follow_up)
+
+    def end_run(
+        self, run_id: str, status: str, reply: str | None = None, error: str | None = None
+    ) -> None:
+        with self.unit() as u:
+            run = u.need(Run, run_id, "run")
+            if run.status != RunStatus.RUNNING:
+                return  # already ended by a cancel or an interrupt
+            self._end_run(u, run, status, reply, error)
+
+    def _end_run(
+        self, u: Unit, run: Run, status: str, reply: str | None = None, error: str | None = None
+    ) -> None:
+        started = run.started_at is not None
+        runs.finish(run, status, u.at, reply, error)
+        u.save(run)
+        u.emit("run.ended", run_view(run), thread_id=run.thread_id, run_id=run.id)
+        thread = u.need(Thread, run.thread_id, "thread")
+        u.mark(thread.id)
+        if run.kind == Trigger.DELEGATED_TASK and started:
+            self._advance(u, run.trigger.get("taskIds", []), Delivery.ACKNOWLEDGED)
+        if thread.root_task_id is None or not started:
+            return
+        if run.is_progress:
+            task = u.load(Task, thread.open_task_id or thread.latest_task_id)
+            if task is not None:
+                tasks.note_progress(task, run)
+                self._save_task(u, task)
+            return
+        thread.pending_answer_run_id = run.id
+        u.save(thread)
+        task = u.load(Task, thread.open_task_id)
+        if task is not None:
+            tasks.note_reply(task, run)
+            self._save_task(u, task)
+
+    def begin_turn(self, run_id: str) -> bool:
+        """The provider turn begins now: that moment is the run's ``startedAt``."""
+        with self.unit() as u:
+            run = u.need(Run, run_id, "run")
+            if run.status != RunStatus.RUNNING:
+                return False
+            run.started_at = now()
+            u.save(run)
+            return True
+
+    def run_guard(self, u: Unit, run_id: str | None) -> Run | None:
+        """Tools called from a run act only while it runs: a cancelled run's late actions
+        must change nothing."""
+        run = u.load(Run, run_id)
+        if run is not None and run.status != RunStatus.RUNNING:
+            raise Conflict(f"run {run.id} has ended ({run.status})", code="run_ended")
+        return run
+
+    def say(self, caller: Caller, text: str) -> str:
+        """An assistant message written during the caller's run."""
+        with self.unit() as u:
+            self.run_guard(u, caller.run_id)
+            thread = u.need(Thread, caller.thread_id or "", "thread")
+            return self._message(u, thread, "assistant", text, run_id=caller.run_id).id
+
+    def set_state(self, caller: Caller, state: dict[str, Any]) -> None:
+        """Replace a thread's provider state (the script's fired rules and action ids)."""
+        with self.unit() as u:
+            self.run_guard(u, caller.run_id)
+            thread = u.need(Thread, caller.thread_id or "", "thread")
+            thread.state = state
+            u.save(thread)
+
+    # ------------------------------------------------------------------ reconcile
+
+    def _settle(self, u: Unit) -> None:
+        """Before commit: dispatch and reconcile every touched thread until nothing moves."""
+        while u.dirty:
+            thread_id = next(iter(u.dirty))
+            del u.dirty[thread_id]
+            thread = u.load(Thread, thread_id)
+            if thread is not None:
+                self._dispatch(u, thread)
+                self._reconcile(u, thread)
+
+    def _reconcile(self, u: Unit, thread: Thread) -> None:
+        active = u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN))
+        items = u.query(Item, thread_id=thread.id, status=ItemStatus.RUNNING)
+        settled = threads.is_settled(active, items)
+        status = threads.status(active)
+        if (thread.status, thread.settled) != (status, settled):
+            thread.status, thread.settled = status, settled
+            u.save(thread)
+            u.emit("thread.updated", thread_summary(thread, self.environment_id), thread_id=thread.id)
+        if thread.root_task_id is None:
+            return
+        task = u.load(Task, thread.open_task_id)
+        if task is not None:
+            state = threads.work_state(active, items)
+            if task.work_state != state:
+                task.work_state = state
+                self._save_task(u, task)
+        if settled and not thread.cancelled and (thread.pending_answer_run_id or task):
+            answer = u.load(Run, thread.pending_answer_run_id)
+            thread.pending_answer_run_id = None
+            u.save(thread)
+            self._answer(u, thread, answer)
+
+    def _answer(self, u: Unit, thread: Thread, answer: Run | None) -> None:
+        """The child settled: its last answer completes the open task or a new follow-up (G1)."""
+        task = u.load(Task, thread.open_task_id) or self._open_follow_up(u, thread)
+        tasks.complete(task, answer, u.at)
+        thread.open_task_id = None
+        u.save(thread)
+        self._save_task(u, task, "task.completed")
+        self._task_ended(u, task)
+
+    def _open_follow_up(self, u: Unit, thread: Thread) -> Task:
+        root = u.need(Task, thread.root_task_id or "", "task")
+        follow_up = tasks.follow_up(root, new_id("tsk"), u.at)
+        root.follow_ups.append(follow_up.id)
+        self._save_task(u, root)
+        thread.open_task_id = thread.latest_task_id = follow_up.id
+        u.save(thread)
+        self._save_task(u, follow_up, "task.created")
+        if follow_up.parent_environment_id == self.environment_id:
+            self._task_item(u, follow_up, hold=False)
+        return follow_up
+
+    def _save_task(self, u: Unit, task: Task, event: str = "task.updated") -> None:
+        u.save(task)
+        thread_id = task.child_thread_id if self._local_side(task, task.child_thread_id) else task.parent_thread_id
+        u.emit(event, task_view(task), thread_id=thread_id, task_id=task.id)
+
+    def _task_item(self, u: Unit, task: Task, hold: bool) -> Item:
+        item = Item(
+            id=new_id("bg"),
+            thread_id=task.parent_thread_id,
+            kind=ItemKind.TASK,
+            started_at=u.at,
+            label=task.title,
+            hold=hold,
+            task_id=task.id,
+            environment_id=task.child_environment_id,
+        )
+        u.save(item)
+        u.emit("item.started", item_view(item), thread_id=item.thread_id)
+        u.mark(item.thread_id)
+        return item
+
+    # ------------------------------------------------------------------ task endings, wakes
+
+    def _task_ended(self, u: Unit, task: Task, by_parent: bool = False) -> None:
+        """A task is terminal: end its item in the parent and deliver its result (G3)."""
+        for item in u.query(Item, task_id=task.id, status=ItemStatus.RUNNING):
+            background.end(item, _TERMINAL_ITEM[TaskStatus(task.status)], u.at)
+            u.save(item)
+            u.emit("item.ended", item_view(item), thread_id=item.thread_id)
+            u.mark(item.thread_id)
+        if task.parent_environment_id != self.environment_id:
+            return  # the origin environment delivers; it follows our event feed
+        parent = u.load(Thread, task.parent_thread_id)
+        if task.waiting_call:
+            task.delivered_as = "call"
+            tasks.advance_delivery(task, Delivery.CLAIMED)
+            self._save_task(u, task, "task.delivery")
+        elif by_parent or parent is None:
+            tasks.advance_delivery(task, Delivery.DISPOSED)
+            self._save_task(u, task, "task.delivery")
+        else:
+            self._wake(u, parent, task)
+
+    def _wake(self, u: Unit, parent: Thread, task: Task) -> None:
+        """One completion wake per result; results folding into a wake not yet started."""
+        if task.delivery_state != Delivery.PENDING:
+            return
+        run = next(
+            (r for r in u.query(Run, thread_id=parent.id, status=RunStatus.QUEUED)
+             if runs.folds_into(r, Trigger.DELEGATED_TASK, None)),
+            None,
+        )
+        if run is not None:
+            task_ids = [*run.trigger["taskIds"], task.id]
+            run.trigger = {**run.trigger, "taskIds": task_ids}
+            u.save(run)
+            u.emit("run.folded", run_view(run), thread_id=parent.id, run_id=run.id)
+            message = u.need(Message, run.trigger["messageIds"][0], "message")
+            message.text = tasks.wake_text(u.need(Task, t, "task") for t in task_ids)
+            message.source = {"kind": Trigger.DELEGATED_TASK, "taskIds": task_ids}
+            u.save(message)
+            u.emit("message.updated", message_view(message), thread_id=parent.id, run_id=run.id)
+        else:
+            source = {"kind": Trigger.DELEGATED_TASK, "taskIds": [task.id]}
+            message = self._message(u, parent, "notification", tasks.wake_text([task]), source)
+            run = self._queue(u, parent, Trigger.DELEGATED_TASK, [message], taskIds=[task.id])
+        task.delivered_as = "follow-up" if task.follow_up_of else "result"
+        task.wake_message_id, task.wake_run_id = message.id, run.id
+        tasks.advance_delivery(task, Delivery.CLAIMED)
+        self._save_task(u, task, "task.delivery")
+
+    def _advance(self, u: Unit, task_ids: list[str], to: Delivery) -> None:
+        for task_id in task_ids:
+            task = u.load(Task, task_id)
+            if task is not None and tasks.advance_delivery(task, to):
+                self._save_task(u, task, "task.delivery")
+
+    # ------------------------------------------------------------------ delegation
+
+    def delegate(
+        self,
+        caller: Caller,
+        task: str,
+        *,
+        provider: str | None = None,
+        mode: str = "async",
+        hold: bool = True,
+        title: str | None = None,
+        client_request_id: str | None = None,
+    ) -> dict[str, Any]:
+        """``delegate_task`` to this environment: a task, its child thread, and the held
+        item in the parent — one transaction, so a retry finds all three or none (G9)."""
+        if mode not in ("async", "wait"):
+            raise Invalid(f"mode must be 'async' or 'wait', not {mode!r}")
+        if not task.strip():
+            raise Invalid("task must not be empty")
+
+        def body(u: Unit) -> dict[str, Any]:
+            parent = self._acting_thread(u, caller)
+            record = Task(
+                id=new_id("tsk"),
+                parent_environment_id=self.environment_id,
+                parent_thread_id=parent.id,
+                child_environment_id=self.environment_id,
+                child_thread_id="",
+                created_at=u.at,
+                title=title,
+                mode=mode,
+                hold=hold,
+                waiting_call=mode == "wait",
+            )
+            chosen = provider or _default_provider(task, parent.provider)
+            self._child(u, record, task, chosen, parent.token_id, origin=None)
+            self._task_item(u, record, hold)
+            return task_view(record)
+
+        return self._once(caller, "delegate", client_request_id, body)
+
+    def _child(
+        self, u: Unit, task: Task, text: str, provider: str, token_id: str | None,
+        origin: dict[str, Any] | None,
+    ) -> Thread:
+        if provider not in self.providers:
+            raise Invalid(f"unknown provider {provider!r}")
+        parent = {
+            "environmentId": task.parent_environment_id,
+            "threadId": task.parent_thread_id,
+            "taskId": task.id,
+        }
+        child = self._new_thread(u, provider, task.title, token_id, parent, task.id)
+        task.child_thread_id = child.id
+        self._save_task(u, task, "task.created")
+        source = {"kind": Trigger.TASK, "taskId": task.id, "origin": origin or parent}
+        self._post(u, child, text, source, Trigger.TASK)
+        return child
+
+    def _acting_thread(self, u: Unit, caller: Caller) -> Thread:
+        if caller.thread_id is None:
+            raise Invalid("delegate_task must be called as a thread (a run or a thread credential)")
+        self.run_guard(u, caller.run_id)
+        return u.need(Thread, caller.thread_id, "thread")
+
+    def end_wait(self, task_id: str) -> dict[str, Any] | None:
+        """A wait-mode call stops waiting. Terminal: it takes the result (no wake, G3).
+        Not yet: it returns ``timedOut`` and the completion wake comes later (G8)."""
+        with self.unit() as u:
+            task = u.need(Task, task_id, "task")
+            if task.waiting_call and task.status not in OPEN_TASK:
+                task.waiting_call = False
+                tasks.advance_delivery(task, Delivery.DELIVERED)
+                tasks.advance_delivery(task, Delivery.ACKNOWLEDGED)
+                self._save_task(u, task, "task.delivery")
+                return task_view(task)
+            task.waiting_call = False
+            u.save(task)
+            return None
+
+    def cancel_task(self, caller: Caller, task_id: str, reason: str | None = None) -> dict[str, Any]:
+        with self.unit() as u:
+            task = self.task_for(u, caller, task_id)
+            if task.is_open:
+                by_parent = caller.thread_id == task.parent_thread_id
+                self._cancel(u, task, by_parent, reason)
+            return {"taskId": task.id, "status": task.status}
+
+    def _cancel(self, u: Unit, task: Task, by_parent: bool, reason: str | None) -> None:
+        tasks.cancel(task, u.at)
+        task.waiting_call = False
+        self._save_task(u, task, "task.completed")
+        child = u.load(Thread, task.child_thread_id) if self._local_side(task, task.child_thread_id) else None
+        if child is not None:
+            child.cancelled = True
+            other = u.load(Task, child.open_task_id)
+            child.open_task_id = child.pending_answer_run_id = None
+            u.save(child)
+            if other is not None and other.id != task.id and other.is_open:
+                self._cancel(u, other, by_parent, reason)
+            self._stop(u, child, reason or "task cancelled", RunStatus.CANCELLED, stop_all=True)
+        else:
+            u.tx.add_outbox("peer.cancel", {"taskId": task.id, "reason": reason})
+        self._task_ended(u, task, by_parent)
+
+    def interrupt(self, caller: Caller, thread_id: str, stop: bool = False) -> dict[str, Any]:
+        """``thread_interrupt``: stop the running run; with ``stop``, also the queued runs and
+        all background work. The child's task then ends ``interrupted``."""
+        with self.unit() as u:
+            thread = self.thread_for(u, caller, thread_id)
+            return self._stop(u, thread, "interrupted", RunStatus.INTERRUPTED, stop_all=stop)
+
+    def _stop(self, u: Unit, thread: Thread, reason: str, status: str, stop_all: bool) -> dict[str, Any]:
+        stopped_runs, stopped_items = [], []
+        for run in u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN)):
+            if run.status == RunStatus.RUNNING:
+                self._end_run(u, run, status, run.reply, reason)
+                u.tx.add_outbox("run.stop", {"runId": run.id})
+            elif stop_all:
+                self._end_run(u, run, RunStatus.CANCELLED, error=reason)
+            else:
+                continue
+            stopped_runs.append(run.id)
+        if stop_all:
+            for item in u.query(Item, thread_id=thread.id, status=ItemStatus.RUNNING):
+                stopped_items.append(item.id)
+                if item.kind == ItemKind.TASK:
+                    nested = u.load(Task, item.task_id)
+                    if nested is not None and nested.is_open:
+                        self._cancel(u, nested, True, reason)
+                        continue
+                background.end(item, ItemStatus.CANCELLED, u.at, reason=reason)
+                u.save(item)
+                u.emit("item.ended", item_view(item), thread_id=thread.id)
+                if item.kind in (ItemKind.COMMAND, ItemKind.MONITOR):
+                    u.tx.add_outbox("process.kill", {"itemId": item.id})
+        u.mark(thread.id)
+        return {"threadId": thread.id, "stoppedRuns": stopped_runs, "stoppedItems": stopped_items}
+
+    # ------------------------------------------------------------------ background work
+
+    def start_process(
+        self,
+        caller: Caller,
+        kind: str,
+        command: str,
+        *,
+        label: str | None = None,
+        awaited: bool = False,
+        persistent: bool = False,
+        timeout_ms: int | None = None,
+    ) -> dict[str, Any]:
+        """A background command or a monitor; the runtime spawns it after commit."""
+        if not command.strip():
+            raise Invalid("command must not be empty")
+        with self.unit() as u:
+            thread = self._acting_thread(u, caller)
+            item = Item(
+                id=new_id("bg"),
+                thread_id=thread.id,
+                kind=kind,
+                started_at=u.at,
+                label=label,
+                command=command,
+                awaited=awaited,
+                persistent=persistent,
+                timeout_ms=timeout_ms,
+            )
+            u.save(item)
+            u.emit("item.started", item_view(item), thread_id=thread.id)
+            u.tx.add_outbox("process.start", {"itemId": item.id})
+            u.mark(thread.id)
+            return item_view(item)
+
+    def process_spawned(self, item_id: str, pid: int, pid_start: str | None) -> bool:
+        """Record the pid; False when the item was cancelled meanwhile (kill it)."""
+        with self.unit() as u:
+            item = u.need(Item, item_id, "background item")
+            item.pid, item.pid_start = pid, pid_start
+            u.save(item)
+            return item.is_running
+
+    def process_ended(
+        self,
+        item_id: str,
+        exit_code: int | None,
+        lines: list[str] | None = None,
+        offset: int | None = None,
+        reason: str | None = None,
+        tail: str | None = None,
+    ) -> None:
+        """A command or monitor ended. Its end and its wake run: one transaction (G2)."""
+        with self.unit() as u:
+            item = u.need(Item, item_id, "background item")
+            if not item.is_running:
+                return
+            if lines:
+                self._monitor_lines(u, item, lines, offset)
+            status = ItemStatus.ENDED if reason in (None, "timeout") else ItemStatus.FAILED
+            self._item_ended(u, item, status, exit_code, reason, tail)
+
+    def _item_ended(
+        self, u: Unit, item: Item, status: str, exit_code: int | None, reason: str | None,
+        tail: str | None = None, trigger: str | None = None,
+    ) -> None:
+        background.end(item, status, u.at, exit_code, reason)
+        u.save(item)
+        u.emit("item.ended", item_view(item), thread_id=item.thread_id)
+        thread = u.need(Thread, item.thread_id, "thread")
+        text = background.end_text(item) + (f"\n{tail}" if tail else "")
+        kind = trigger or background.WAKE_TRIGGER[ItemKind(item.kind)]
+        source = {"kind": kind, "itemId": item.id, "label": item.label, "exitCode": exit_code}
+        message = self._message(u, thread, "notification", text, source)
+        if kind == Trigger.MONITOR_FINISHED:
+            self._fold_monitor_events(u, thread, item)
+        self._queue(u, thread, kind, [message], key=item.id if kind != Trigger.RESTART else None)
+
+    def _fold_monitor_events(self, u: Unit, thread: Thread, item: Item) -> None:
+        """Lines not yet handled when their monitor ends join its ``monitor_finished`` run."""
+        for run in u.query(Run, thread_id=thread.id, status=RunStatus.QUEUED):
+            if runs.folds_into(run, Trigger.MONITOR_EVENT, item.id):
+                run.trigger = {**run.trigger, "kind": str(Trigger.MONITOR_FINISHED)}
+                u.save(run)
+                u.emit("run.folded", run_view(run), thread_id=thread.id, run_id=run.id)
+
+    def monitor_output(self, item_id: str, lines: list[str], offset: int) -> None:
+        with self.unit() as u:
+            item = u.need(Item, item_id, "background item")
+            if item.is_running and lines:
+                self._monitor_lines(u, item, lines, offset)
+
+    def _monitor_lines(self, u: Unit, item: Item, lines: list[str], offset: int | None) -> None:
+        if offset is not None:
+            item.offset = offset
+        item.last_line = lines[-1]
+        u.save(item)
+        u.emit("item.output", {**item_view(item), "lines": lines}, thread_id=item.thread_id)
+        thread = u.need(Thread, item.thread_id, "thread")
+        source = {"kind": Trigger.MONITOR_EVENT, "itemId": item.id, "label": item.label}
+        message = self._message(u, thread, "notification", "\n".join(lines), source)
+        self._queue(u, thread, Trigger.MONITOR_EVENT, [message], key=item.id)
+
+    def schedule(self, caller: Caller, in_ms: int, text: str, hold: bool = False) -> dict[str, Any]:
+        if in_ms < 0:
+            raise Invalid("inMs must be zero or more")
+        with self.unit() as u:
+            thread = self._acting_thread(u, caller)
+            due = format_time(parse_time(u.at) + timedelta(milliseconds=in_ms))
+            item = Item(
+                id=new_id("bg"),
+                thread_id=thread.id,
+                kind=ItemKind.SCHEDULE,
+                started_at=u.at,
+                hold=hold,
+                due_at=due,
+                text=text,
+            )
+            u.save(item)
+            u.emit("item.started", item_view(item), thread_id=thread.id)
+            u.tx.add_outbox("timer.arm", {"itemId": item.id})
+            u.mark(thread.id)
+            return item_view(item)
+
+    def schedule_due(self, item_id: str) -> None:
+        with self.unit() as u:
+            item = u.need(Item, item_id, "background item")
+            if item.is_running:
+                self._item_ended(u, item, ItemStatus.ENDED, None, None)
+
+    def background_wait(self, caller: Caller, ref: str) -> dict[str, Any]:
+        """Mark a background command awaited: the thread holds until it ends."""
+        with self.unit() as u:
+            thread = self._acting_thread(u, caller)
+            item = self.find_item(u, thread, ref)
+            try:
+                background.await_(item)
+            except DomainError as error:
+                raise Invalid(str(error)) from None
+            u.save(item)
+            u.emit("item.updated", item_view(item), thread_id=thread.id)
+            u.mark(thread.id)
+            return item_view(item)
+
+    @staticmethod
+    def find_item(u: Unit, thread: Thread, ref: str) -> Item:
+        item = u.load(Item, ref)
+        if item is not None and item.thread_id == thread.id:
+            return item
+        for item in u.query(Item, thread_id=thread.id):
+            if item.label == ref:
+                return item
+        raise NotFound(f"no background item {ref!r} in thread {thread.id}")
+
+    # ------------------------------------------------------------------ restart (G6)
+
+    def recover(self, exited: dict[str, int | None], lost: list[str]) -> list[str]:
+        """Start-up, one transaction: running runs → interrupted, one ``restart`` run per
+        thread; processes that ended while we were down are reported as usual
+        (``exited``: their recorded exit codes), vanished ones by the ``restart`` run;
+        a wait-mode call that died hands its result to a completion wake instead."""
+        with self.unit() as u:
+            restarted: list[str] = []
+            for run in u.query(Run, status=RunStatus.RUNNING):
+                self._end_run(u, run, RunStatus.INTERRUPTED, run.reply, "tether restarted during this run")
+                thread = u.need(Thread, run.thread_id, "thread")
+                text = f"tether restarted while run {run.id} was active; that run was interrupted."
+                message = self._message(u, thread, "notification", text, {"kind": Trigger.RESTART})
+                self._queue(u, thread, Trigger.RESTART, [message])
+                restarted.append(thread.id)
+                for task in u.query(Task, parent_thread_id=thread.id):
+                    self._release_waiting_call(u, task)
+            for item_id, code in exited.items():
+                item = u.need(Item, item_id, "background item")
+                if item.is_running:
+                    self._item_ended(u, item, ItemStatus.ENDED, code, None)
+            for item_id in lost:
+                item = u.need(Item, item_id, "background item")
+                if item.is_running:
+                    self._item_ended(
+                        u, item, ItemStatus.FAILED, None, "lost: its process was gone after a restart",
+                        trigger=Trigger.RESTART,
+                    )
+            return restarted
+
+    def _release_waiting_call(self, u: Unit, task: Task) -> None:
+        if not task.waiting_call:
+            return
+        task.waiting_call = False
+        if task.delivered_as == "call" and task.delivery_state == Delivery.CLAIMED:
+            task.delivery_state = Delivery.PENDING
+            task.delivered_as = None
+            parent = u.load(Thread, task.parent_thread_id)
+            if parent is not None:
+                self._wake(u, parent, task)
+                return
+        u.save(task)
+
+
+def _default_provider(task: str, parent_provider: str) -> str:
+    """A script object (JSON with ``tether_script``) runs on the script provider."""
+    try:
+        parsed = json.loads(task)
+    except ValueError:
+        return parent_provider
+    return "script" if isinstance(parsed, dict) and "tether_script" in parsed else parent_provider

@@ -1,0 +1,110 @@
+"""Reads: the views the API, the tools and the CLI show. Always through the fence (G10)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tether.domain.records import Item, Message, Run, Task, Thread
+from tether.domain.types import ACTIVE_RUN, RunStatus
+from tether.domain.views import item_view, message_view, run_view, task_view, thread_summary
+from tether.engine.commands import Commands
+from tether.engine.unit import Unit
+from tether.errors import Invalid
+from tether.types import Caller
+
+
+class Queries:
+    def __init__(self, commands: Commands) -> None:
+        self.commands = commands
+
+    @property
+    def environment_id(self) -> str:
+        return self.commands.environment_id
+
+    def thread(self, caller: Caller, thread_id: str) -> dict[str, Any]:
+        with self.commands.unit() as u:
+            thread = self.commands.thread_for(u, caller, thread_id)
+            return {
+                **thread_summary(thread, self.environment_id),
+                "runs": [run_view(r) for r in u.query(Run, thread_id=thread.id)],
+                "messages": [message_view(m) for m in u.query(Message, thread_id=thread.id)],
+                "background": [item_view(i) for i in u.query(Item, thread_id=thread.id)],
+                "tasks": [task_view(t) for t in u.query(Task, parent_thread_id=thread.id)],
+            }
+
+    def threads(self, caller: Caller) -> list[dict[str, Any]]:
+        with self.commands.unit() as u:
+            where = {"token_id": caller.token_id} if caller.kind == "link" else {}
+            found = u.query(Thread, **where)
+            return [
+                thread_summary(t, self.environment_id)
+                for t in found
+                if self.commands.visible(u, caller, t)
+            ]
+
+    def messages(self, caller: Caller, thread_id: str, after: int = 0, limit: int = 100) -> dict[str, Any]:
+        if limit < 1 or limit > 1000:
+            raise Invalid("limit must be between 1 and 1000")
+        with self.commands.unit() as u:
+            thread = self.commands.thread_for(u, caller, thread_id)
+            found = [m for m in u.query(Message, thread_id=thread.id) if m.seq > after][:limit]
+            return {
+                "threadId": thread.id,
+                "status": thread.status,
+                "settled": thread.settled,
+                "messages": [message_view(m) for m in found],
+                "nextPosition": found[-1].seq if found else after,
+            }
+
+    def task(self, caller: Caller, task_id: str) -> dict[str, Any]:
+        with self.commands.unit() as u:
+            return task_view(self.commands.task_for(u, caller, task_id))
+
+    def tasks(self, caller: Caller, parent_thread_id: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        where: dict[str, Any] = {}
+        if parent_thread_id:
+            where["parent_thread_id"] = parent_thread_id
+        if status:
+            where["status"] = status
+        with self.commands.unit() as u:
+            found = []
+            for task in u.query(Task, **where):
+                try:
+                    found.append(task_view(self.commands.task_for(u, caller, task.id)))
+                except Exception:  # not visible to this caller
+                    continue
+            return found
+
+    def wait_state(
+        self, caller: Caller, thread_id: str, until_settled: bool, after_run_id: str | None
+    ) -> dict[str, Any] | None:
+        """The answer of ``thread_wait`` if its condition holds now, else None.
+
+        The condition: the thread is idle (settled, with ``untilSettled``) and, given
+        ``afterRunId``, that run and every run before it have ended.
+        """
+        with self.commands.unit() as u:
+            thread = self.commands.thread_for(u, caller, thread_id)
+            return _wait_answer(u, thread, until_settled, after_run_id)
+
+
+def _wait_answer(u: Unit, thread: Thread, until_settled: bool, after_run_id: str | None) -> dict[str, Any] | None:
+    if after_run_id is not None:
+        after = u.load(Run, after_run_id)
+        if after is None or after.thread_id != thread.id:
+            raise Invalid(f"afterRunId {after_run_id!r} is not a run of thread {thread.id}")
+        active = u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN))
+        if any(run.seq <= after.seq for run in active):
+            return None
+    if until_settled and not thread.settled:
+        return None
+    if not until_settled and thread.status != "idle":
+        return None
+    ended = [r for r in u.query(Run, thread_id=thread.id) if r.status not in (RunStatus.QUEUED, RunStatus.RUNNING)]
+    return {
+        "threadId": thread.id,
+        "settled": thread.settled,
+        "status": thread.status,
+        "runId": ended[-1].id if ended else None,
+        "timedOut": False,
+    }

@@ -1,0 +1,89 @@
+"""A unit of work: one transaction plus an identity map and the list of threads to
+reconcile before commit.
+
+Every record is loaded once per unit (``load``/``query`` hand back the same object for the
+same key), and ``save`` writes through at once, so later queries in the same transaction
+see it. That removes a whole class of bug: two helpers holding two copies of one thread
+and the second ``put`` silently undoing the first.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from tether.domain.records import Record, Thread
+from tether.errors import NotFound
+from tether.ids import now
+from tether.store.base import TABLES, Transaction
+
+R = TypeVar("R", bound=Record)
+
+
+class Unit:
+    def __init__(self, tx: Transaction, environment_id: str) -> None:
+        self.tx = tx
+        self.environment_id = environment_id
+        self.at = now()
+        self._cache: dict[tuple[type, str], Record] = {}
+        #: Threads whose runs or background work changed, in the order they changed.
+        self.dirty: dict[str, None] = {}
+        #: Keys ("thread:ID", "task:ID", "events") whose waiters should wake after commit.
+        self.touched: set[str] = set()
+
+    def _key(self, record: Record) -> tuple[type, str]:
+        return type(record), getattr(record, TABLES[type(record)].key)
+
+    def load(self, cls: type[R], key: str | None) -> R | None:
+        if key is None:
+            return None
+        cached = self._cache.get((cls, key))
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        record = self.tx.get(cls, key)
+        if record is not None:
+            self._cache[(cls, key)] = record
+        return record
+
+    def need(self, cls: type[R], key: str, what: str) -> R:
+        record = self.load(cls, key)
+        if record is None:
+            raise NotFound(f"no {what} with id {key!r}")
+        return record
+
+    def query(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
+        found = []
+        for record in self.tx.find(cls, limit=limit, **where):
+            found.append(self._cache.setdefault(self._key(record), record))
+        return found  # type: ignore[return-value]
+
+    def save(self, record: Record) -> None:
+        self._cache[self._key(record)] = record
+        self.tx.put(record)
+
+    def emit(
+        self,
+        type: str,
+        data: dict[str, Any],
+        *,
+        thread_id: str | None = None,
+        run_id: str | None = None,
+        task_id: str | None = None,
+    ) -> None:
+        """Append an event. Its fence token is the thread's: a peer sees what it created."""
+        thread = self.load(Thread, thread_id)
+        self.tx.append_event(
+            type,
+            data,
+            thread_id=thread_id,
+            run_id=run_id,
+            task_id=task_id,
+            token_id=thread.token_id if thread else None,
+        )
+        self.touched.add("events")
+        if thread_id:
+            self.touched.add(f"thread:{thread_id}")
+        if task_id:
+            self.touched.add(f"task:{task_id}")
+
+    def mark(self, thread_id: str) -> None:
+        self.dirty[thread_id] = None

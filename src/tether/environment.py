@@ -1,0 +1,116 @@
+"""One environment: its data directory, store, identity, tokens and runtime.
+
+The data directory holds ``tether.db`` (the SQLite store), ``admin.token`` (mode 0600),
+``workspace/`` (where commands run) and ``proc/`` (background process files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from tether import __version__
+from tether.domain.records import Thread, Token
+from tether.engine.runtime import Runtime
+from tether.errors import NotFound, Unauthorized
+from tether.ids import format_time, new_id, now
+from tether.providers import Provider, default_providers
+from tether.store.sqlite import SQLiteStore
+from tether.tools.surface import Tools
+from tether.types import ADMIN, Caller
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Environment:
+    def __init__(self, data_dir: Path, name: str | None = None, providers: dict[str, Provider] | None = None) -> None:
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = SQLiteStore(data_dir / "tether.db")
+        with self.store.transaction() as tx:
+            environment_id = tx.get_meta("environment_id")
+            if environment_id is None:
+                environment_id = new_id("env")
+                tx.set_meta("environment_id", environment_id)
+            if name:
+                tx.set_meta("name", name)
+            self.name = tx.get_meta("name") or data_dir.resolve().name
+        self.environment_id = environment_id
+        self.admin_token = self._admin_token()
+        self.runtime = Runtime(self.store, environment_id, data_dir, providers or default_providers())
+        self.tools = Tools(self.runtime, self.name)
+        self.runtime.tools = self.tools
+        self.commands = self.runtime.commands
+        self.queries = self.tools.queries
+
+    def _admin_token(self) -> str:
+        """Written before the server listens, readable by its owner only."""
+        path = self.data_dir / "admin.token"
+        if path.exists():
+            return path.read_text().strip()
+        token = "tta_" + secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(token + "\n")
+        return token
+
+    def health(self) -> dict[str, Any]:
+        return {"environmentId": self.environment_id, "name": self.name, "version": __version__}
+
+    async def start(self) -> None:
+        await self.runtime.start()
+
+    async def close(self) -> None:
+        await self.runtime.close()
+        self.store.close()
+
+    # ------------------------------------------------------------------ tokens
+
+    def authenticate(self, token: str | None) -> Caller:
+        if not token:
+            raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
+        if hmac.compare_digest(token, self.admin_token):
+            return ADMIN
+        with self.store.transaction() as tx:
+            found = tx.find(Token, hash=hash_token(token))
+            record = found[0] if found else None
+            if record is None or record.revoked:
+                raise Unauthorized("invalid or revoked token")
+            if record.expires_at and record.expires_at < now():
+                raise Unauthorized("token expired")
+            record.last_used_at = now()
+            tx.put(record)
+        if record.kind == "thread":
+            return Caller("thread", thread_id=record.thread_id)
+        return Caller("link", token_id=record.id)
+
+    def mint_token(self, label: str, kind: str = "link", thread_id: str | None = None,
+                   ttl_seconds: int | None = None) -> tuple[Token, str]:
+        secret = ("ttl_" if kind == "link" else "ttc_") + secrets.token_urlsafe(32)
+        expires = format_time(datetime.now(UTC) + timedelta(seconds=ttl_seconds)) if ttl_seconds else None
+        record = Token(new_id("tok"), label, hash_token(secret), now(), kind, thread_id, expires)
+        with self.store.transaction() as tx:
+            if thread_id is not None and tx.get(Thread, thread_id) is None:
+                raise NotFound(f"no thread with id {thread_id!r}")
+            tx.put(record)
+        return record, secret
+
+    def tokens(self, kind: str = "link") -> list[Token]:
+        with self.store.transaction() as tx:
+            return tx.find(Token, kind=kind)
+
+    def revoke_token(self, token_id: str) -> Token:
+        with self.store.transaction() as tx:
+            record = tx.get(Token, token_id)
+            if record is None or record.kind != "link":
+                raise NotFound(f"no link token with id {token_id!r}")
+            record.revoked = True
+            tx.put(record)
+        return record

@@ -1,0 +1,142 @@
+"""The store interface every backend implements.
+
+A command opens one transaction, reads the records it needs, and writes records, events
+and outbox rows; commit makes all of it visible at once or none of it. That transaction
+boundary is what the guarantees stand on (G2, G3, G6): there is no moment at which a
+reader sees half a command.
+
+The interface is synchronous on purpose. Commands are short functions over a
+transaction; SQLite runs them inline on the event loop in well under a millisecond, and
+a backend with network round trips (PostgreSQL) would run the same function in a worker
+thread. Every backend must pass ``tests/unit/store/test_contract.py``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tether.domain.records import Item, Link, Message, Record, Run, Task, Thread, Token
+
+R = TypeVar("R", bound=Record)
+
+
+@dataclass(frozen=True)
+class Table:
+    """How a record kind is kept: its table, key field and the fields one may filter on."""
+
+    name: str
+    key: str
+    columns: tuple[str, ...]
+    order: str
+
+
+TABLES: dict[type[Record], Table] = {
+    Thread: Table("threads", "id", ("token_id",), "rowid"),
+    Run: Table("runs", "id", ("thread_id", "status", "seq"), "seq"),
+    Message: Table("messages", "id", ("thread_id", "seq", "run_id"), "seq"),
+    Item: Table("items", "id", ("thread_id", "status", "kind", "task_id"), "rowid"),
+    Task: Table(
+        "tasks",
+        "id",
+        ("parent_thread_id", "child_thread_id", "status", "follow_up_of", "parent_environment_id"),
+        "rowid",
+    ),
+    Token: Table("tokens", "id", ("hash", "kind", "thread_id"), "rowid"),
+    Link: Table("links", "environment_id", (), "rowid"),
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    type: str
+    at: str
+    thread_id: str | None
+    run_id: str | None
+    task_id: str | None
+    token_id: str | None
+    data: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return str(self.seq)
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    id: int
+    kind: str
+    payload: dict[str, Any]
+
+
+class Transaction(ABC):
+    @abstractmethod
+    def get(self, cls: type[R], key: str) -> R | None: ...
+
+    @abstractmethod
+    def find(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
+        """Records whose indexed fields equal ``where`` (a list or set value means IN)."""
+
+    @abstractmethod
+    def count(self, cls: type[Record], **where: Any) -> int: ...
+
+    @abstractmethod
+    def put(self, record: Record) -> None: ...
+
+    @abstractmethod
+    def append_event(
+        self,
+        type: str,
+        data: dict[str, Any],
+        *,
+        thread_id: str | None = None,
+        run_id: str | None = None,
+        task_id: str | None = None,
+        token_id: str | None = None,
+    ) -> int: ...
+
+    @abstractmethod
+    def add_outbox(self, kind: str, payload: dict[str, Any]) -> int: ...
+
+    @abstractmethod
+    def outbox(self, limit: int = 100) -> list[OutboxRow]: ...
+
+    @abstractmethod
+    def remove_outbox(self, row_id: int) -> None: ...
+
+    @abstractmethod
+    def get_request(self, scope: str, key: str) -> dict[str, Any] | None: ...
+
+    @abstractmethod
+    def put_request(self, scope: str, key: str, response: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def get_meta(self, key: str) -> str | None: ...
+
+    @abstractmethod
+    def set_meta(self, key: str, value: str) -> None: ...
+
+
+class Store(ABC):
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[Transaction]:
+        """A read-write transaction: commits on normal exit, rolls back on an exception."""
+
+    @abstractmethod
+    def events_after(
+        self, seq: int, limit: int = 500, token_id: str | None = None
+    ) -> list[Event]:
+        """Stored events after ``seq`` in store order (only the fence's, given a token)."""
+
+    @abstractmethod
+    def last_event_seq(self) -> int: ...
+
+    @abstractmethod
+    def prune_events(self, before: str) -> int:
+        """Drop events older than ``before`` (the retention period); returns how many."""
+
+    @abstractmethod
+    def close(self) -> None: ...

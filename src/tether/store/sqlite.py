@@ -1,0 +1,196 @@
+"""The SQLite backend: stdlib ``sqlite3``, WAL, ``synchronous=NORMAL``.
+
+One connection, used only from the event loop's thread, so transactions never interleave
+inside this process. ``BEGIN IMMEDIATE`` takes the write lock up front, which keeps a
+second process (a CLI tool, say) from deadlocking against us.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tether.domain.records import Record
+from tether.ids import now
+from tether.store.base import TABLES, Event, OutboxRow, R, Store, Table, Transaction
+from tether.store.schema import MIGRATIONS
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+class _SQLiteTransaction(Transaction):
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def _where(self, table: Table, where: dict[str, Any]) -> tuple[str, list[Any]]:
+        clauses, args = [], []
+        for column, value in where.items():
+            if column not in table.columns and column != table.key:
+                raise ValueError(f"{table.name} cannot be filtered on {column}")
+            if isinstance(value, list | set | tuple | frozenset):
+                values = list(value)
+                clauses.append(f"{column} IN ({','.join('?' * len(values))})" if values else "0")
+                args.extend(values)
+            elif value is None:
+                clauses.append(f"{column} IS NULL")
+            else:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
+
+    def get(self, cls: type[R], key: str) -> R | None:
+        table = TABLES[cls]
+        row = self._conn.execute(
+            f"SELECT data FROM {table.name} WHERE {table.key} = ?", (key,)
+        ).fetchone()
+        return cls.from_dict(json.loads(row[0])) if row else None
+
+    def find(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
+        table = TABLES[cls]
+        clause, args = self._where(table, where)
+        sql = f"SELECT data FROM {table.name}{clause} ORDER BY {table.order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [cls.from_dict(json.loads(row[0])) for row in self._conn.execute(sql, args)]
+
+    def count(self, cls: type[Record], **where: Any) -> int:
+        table = TABLES[cls]
+        clause, args = self._where(table, where)
+        return self._conn.execute(f"SELECT COUNT(*) FROM {table.name}{clause}", args).fetchone()[0]
+
+    def put(self, record: Record) -> None:
+        table = TABLES[type(record)]
+        names = (table.key, *table.columns)
+        values = [getattr(record, name) for name in names]
+        self._conn.execute(
+            f"INSERT OR REPLACE INTO {table.name} ({', '.join(names)}, data) "
+            f"VALUES ({', '.join('?' * (len(names) + 1))})",
+            (*values, _dumps(record.to_dict())),
+        )
+
+    def append_event(
+        self,
+        type: str,
+        data: dict[str, Any],
+        *,
+        thread_id: str | None = None,
+        run_id: str | None = None,
+        task_id: str | None = None,
+        token_id: str | None = None,
+    ) -> int:
+        cursor = self._conn.execute(
+            "INSERT INTO events (type, at, thread_id, run_id, task_id, token_id, data) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (type, now(), thread_id, run_id, task_id, token_id, _dumps(data)),
+        )
+        return int(cursor.lastrowid or 0)
+
+    def add_outbox(self, kind: str, payload: dict[str, Any]) -> int:
+        cursor = self._conn.execute(
+            "INSERT INTO outbox (kind, payload) VALUES (?, ?)", (kind, _dumps(payload))
+        )
+        return int(cursor.lastrowid or 0)
+
+    def outbox(self, limit: int = 100) -> list[OutboxRow]:
+        rows = self._conn.execute(
+            "SELECT id, kind, payload FROM outbox ORDER BY id LIMIT ?", (limit,)
+        )
+        return [OutboxRow(row[0], row[1], json.loads(row[2])) for row in rows]
+
+    def remove_outbox(self, row_id: int) -> None:
+        self._conn.execute("DELETE FROM outbox WHERE id = ?", (row_id,))
+
+    def get_request(self, scope: str, key: str) -> dict[str, Any] | None:
+        row = self._conn.execute(
+            "SELECT response FROM requests WHERE scope = ? AND key = ?", (scope, key)
+        ).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put_request(self, scope: str, key: str, response: dict[str, Any]) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO requests (scope, key, response) VALUES (?, ?, ?)",
+            (scope, key, _dumps(response)),
+        )
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+
+def _event(row: tuple[Any, ...]) -> Event:
+    return Event(row[0], row[1], row[2], row[3], row[4], row[5], row[6], json.loads(row[7]))
+
+
+class SQLiteStore(Store):
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute("PRAGMA busy_timeout=5000")
+        self._tx_depth = 0
+        self._migrate()
+
+    def _migrate(self) -> None:
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in script.split(";"):
+                    if statement.strip():
+                        self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version = {number}")
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        if self._tx_depth:
+            raise RuntimeError("transactions do not nest: one command, one transaction")
+        self._tx_depth += 1
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield _SQLiteTransaction(self._conn)
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        else:
+            self._conn.execute("COMMIT")
+        finally:
+            self._tx_depth -= 1
+
+    def events_after(self, seq: int, limit: int = 500, token_id: str | None = None) -> list[Event]:
+        sql = "SELECT seq, type, at, thread_id, run_id, task_id, token_id, data FROM events WHERE seq > ?"
+        args: list[Any] = [seq]
+        if token_id is not None:
+            sql += " AND token_id = ?"
+            args.append(token_id)
+        sql += " ORDER BY seq LIMIT ?"
+        args.append(limit)
+        return [_event(row) for row in self._conn.execute(sql, args)]
+
+    def last_event_seq(self) -> int:
+        row = self._conn.execute("SELECT MAX(seq) FROM events").fetchone()
+        return int(row[0] or 0)
+
+    def prune_events(self, before: str) -> int:
+        cursor = self._conn.execute("DELETE FROM events WHERE at < ?", (before,))
+        return cursor.rowcount
+
+    def close(self) -> None:
+        self._conn.close()

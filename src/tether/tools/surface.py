@@ -1,0 +1,211 @@
+"""The tools an agent thread calls. Providers call them directly, the MCP server exposes
+them over the wire, and the HTTP API shares their code — one implementation.
+
+Every method takes the :class:`~tether.types.Caller` first and keyword arguments named as
+in SPEC §5, and returns a JSON-able dict. Failures raise :class:`~tether.errors.TetherError`
+(``{code, message}``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from tether.domain.types import ItemKind
+from tether.engine.queries import Queries
+from tether.errors import Invalid, NotFound
+from tether.types import Caller
+
+if TYPE_CHECKING:
+    from tether.engine.runtime import Runtime
+
+#: Wait-mode calls and thread waits never block longer than this (G8).
+MAX_WAIT_MS = 3_600_000
+DEFAULT_WAIT_MS = 300_000
+
+
+def _timeout(timeout_ms: int | None) -> float:
+    if timeout_ms is None:
+        return DEFAULT_WAIT_MS / 1000
+    if timeout_ms < 0 or timeout_ms > MAX_WAIT_MS:
+        raise Invalid(f"timeoutMs must be between 0 and {MAX_WAIT_MS}")
+    return timeout_ms / 1000
+
+
+class Tools:
+    def __init__(self, runtime: Runtime, name: str) -> None:
+        self.runtime = runtime
+        self.commands = runtime.commands
+        self.queries = Queries(runtime.commands)
+        self.name = name
+        #: Linked environments (set by :mod:`tether.peers` when links exist).
+        self.peers: Any = None
+
+    @property
+    def environment_id(self) -> str:
+        return self.commands.environment_id
+
+    def _is_local(self, environment: str | None) -> bool:
+        return environment in (None, "", self.environment_id, self.name)
+
+    def _peer(self, environment: str | None) -> Any:
+        if self.peers is None:
+            raise NotFound(f"no linked environment {environment!r}")
+        return self.peers.resolve(environment)
+
+    # ------------------------------------------------------------------ tasks
+
+    async def delegate_task(
+        self,
+        caller: Caller,
+        task: str | dict[str, Any],
+        target: dict[str, Any] | None = None,
+        mode: str = "async",
+        timeoutMs: int | None = None,
+        hold: bool = True,
+        title: str | None = None,
+        clientRequestId: str | None = None,
+    ) -> dict[str, Any]:
+        text = task if isinstance(task, str) else json.dumps(task)
+        target = target or {}
+        provider = target.get("provider") or ("script" if isinstance(task, dict) else None)
+        timeout = _timeout(timeoutMs)
+        if self._is_local(target.get("environmentId")):
+            view = self.commands.delegate(
+                caller, text, provider=provider, mode=mode, hold=hold, title=title,
+                client_request_id=clientRequestId,
+            )
+        else:
+            peer = self._peer(target.get("environmentId"))
+            view = await peer.delegate(
+                caller, text, provider=provider, mode=mode, hold=hold, title=title,
+                client_request_id=clientRequestId,
+            )
+        if mode != "wait":
+            return view
+        return await self._wait_for_task(caller, view["taskId"], timeout)
+
+    async def _wait_for_task(self, caller: Caller, task_id: str, timeout: float) -> dict[str, Any]:
+        def finished() -> dict[str, Any] | None:
+            view = self.queries.task(caller, task_id)
+            return view if view["status"] not in ("queued", "running") else None
+
+        await self.runtime.notifier.wait_until([f"task:{task_id}"], finished, timeout)
+        final = self.commands.end_wait(task_id)
+        if final is not None:
+            return {**final, "timedOut": False}
+        view = self.queries.task(caller, task_id)
+        return {"taskId": task_id, "status": view["status"], "timedOut": True}
+
+    async def task_status(self, caller: Caller, taskId: str) -> dict[str, Any]:
+        return self.queries.task(caller, taskId)
+
+    async def task_cancel(self, caller: Caller, taskId: str, reason: str | None = None) -> dict[str, Any]:
+        return self.commands.cancel_task(caller, taskId, reason)
+
+    # ------------------------------------------------------------------ threads
+
+    async def thread_wait(
+        self,
+        caller: Caller,
+        threadId: str,
+        environmentId: str | None = None,
+        untilSettled: bool = False,
+        afterRunId: str | None = None,
+        timeoutMs: int | None = None,
+    ) -> dict[str, Any]:
+        if not self._is_local(environmentId):
+            return await self._peer(environmentId).thread_wait(
+                caller, threadId, untilSettled=untilSettled, afterRunId=afterRunId, timeoutMs=timeoutMs
+            )
+        timeout = _timeout(timeoutMs)
+        self.queries.wait_state(caller, threadId, untilSettled, afterRunId)  # 404 and 422 first
+
+        answer = await self.runtime.notifier.wait_until(
+            [f"thread:{threadId}"],
+            lambda: self.queries.wait_state(caller, threadId, untilSettled, afterRunId),
+            timeout,
+        )
+        if answer is not None:
+            return answer
+        view = self.queries.thread(caller, threadId)
+        ended = [r for r in view["runs"] if r["status"] not in ("queued", "running")]
+        return {
+            "threadId": threadId,
+            "settled": view["settled"],
+            "status": view["status"],
+            "runId": ended[-1]["runId"] if ended else None,
+            "timedOut": True,
+        }
+
+    async def thread_send(
+        self,
+        caller: Caller,
+        threadId: str,
+        message: str,
+        environmentId: str | None = None,
+        mode: str = "auto",
+        clientRequestId: str | None = None,
+    ) -> dict[str, Any]:
+        if not self._is_local(environmentId):
+            return await self._peer(environmentId).thread_send(
+                caller, threadId, message, mode=mode, client_request_id=clientRequestId
+            )
+        return self.commands.post_message(caller, threadId, message, mode, clientRequestId)
+
+    async def thread_read(
+        self,
+        caller: Caller,
+        threadId: str,
+        environmentId: str | None = None,
+        afterPosition: int = 0,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        if not self._is_local(environmentId):
+            return await self._peer(environmentId).thread_read(caller, threadId, afterPosition, limit)
+        return self.queries.messages(caller, threadId, afterPosition, limit)
+
+    async def thread_interrupt(
+        self, caller: Caller, threadId: str, environmentId: str | None = None, stop: bool = False
+    ) -> dict[str, Any]:
+        if not self._is_local(environmentId):
+            return await self._peer(environmentId).thread_interrupt(caller, threadId, stop)
+        return self.commands.interrupt(caller, threadId, stop)
+
+    async def thread_list(self, caller: Caller, environmentId: str | None = None) -> dict[str, Any]:
+        if not self._is_local(environmentId):
+            return await self._peer(environmentId).thread_list(caller)
+        return {"environmentId": self.environment_id, "threads": self.queries.threads(caller)}
+
+    # ------------------------------------------------------------------ background work
+
+    def start_background(
+        self, caller: Caller, command: str, label: str | None = None, awaited: bool = False,
+        timeout_ms: int | None = None,
+    ) -> dict[str, Any]:
+        """A background command (providers' built-in ``bash`` with ``background``)."""
+        return self.commands.start_process(
+            caller, ItemKind.COMMAND, command, label=label, awaited=awaited, timeout_ms=timeout_ms
+        )
+
+    async def background_wait(self, caller: Caller, id: str) -> dict[str, Any]:
+        return self.commands.background_wait(caller, id)
+
+    async def monitor_start(
+        self,
+        caller: Caller,
+        command: str,
+        persistent: bool = False,
+        timeoutMs: int | None = None,
+        id: str | None = None,
+    ) -> dict[str, Any]:
+        return self.commands.start_process(
+            caller, ItemKind.MONITOR, command, label=id, persistent=persistent, timeout_ms=timeoutMs
+        )
+
+    async def schedule_wake(self, caller: Caller, inMs: int, text: str, hold: bool = False) -> dict[str, Any]:
+        return self.commands.schedule(caller, inMs, text, hold)
+
+    async def environment_links(self, caller: Caller) -> dict[str, Any]:
+        links = [] if self.peers is None or caller.kind == "link" else self.peers.list()
+        return {"environmentId": self.environment_id, "name": self.name, "links": links}
