@@ -19,6 +19,7 @@ from tether.domain.records import Thread, Token
 from tether.engine.runtime import Runtime
 from tether.errors import NotFound, Unauthorized
 from tether.ids import format_time, new_id, now
+from tether.peers import Peers
 from tether.providers import Provider, default_providers
 from tether.store.sqlite import SQLiteStore
 from tether.tools.surface import Tools
@@ -49,6 +50,8 @@ class Environment:
         self.runtime.tools = self.tools
         self.commands = self.runtime.commands
         self.queries = self.tools.queries
+        self.peers = Peers(self)
+        self.tools.peers = self.peers
 
     def _admin_token(self) -> str:
         """Written before the server listens, readable by its owner only."""
@@ -66,8 +69,10 @@ class Environment:
 
     async def start(self) -> None:
         await self.runtime.start()
+        await self.peers.start()
 
     async def close(self) -> None:
+        await self.peers.close()
         await self.runtime.close()
         self.store.close()
 
@@ -101,6 +106,14 @@ class Environment:
                 raise NotFound(f"no thread with id {thread_id!r}")
             tx.put(record)
         return record, secret
+
+    def acknowledge(self, token_id: str, seq: int) -> None:
+        """A peer read its feed from ``seq``: everything up to it has reached it (G7)."""
+        with self.store.transaction() as tx:
+            record = tx.get(Token, token_id)
+            if record is not None and seq > record.acked_seq:
+                record.acked_seq = seq
+                tx.put(record)
 
     def tokens(self, kind: str = "link") -> list[Token]:
         with self.store.transaction() as tx:

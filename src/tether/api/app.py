@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from tether import __version__
-from tether.api import errors, events, tasks, threads
+from tether.api import errors, events, links, tasks, threads
 from tether.api.limits import BodyLimit
 from tether.environment import Environment
 
@@ -41,5 +41,6 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
     app.include_router(threads.router)
     app.include_router(tasks.router)
     app.include_router(events.router)
+    app.include_router(links.router)
     app.add_middleware(BodyLimit)
     return app

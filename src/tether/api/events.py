@@ -11,7 +11,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
 from tether.api.auth import caller, environment
@@ -37,6 +37,11 @@ def event_json(event: Event, environment_id: str) -> dict[str, Any]:
     }
 
 
+def _frame(event: Event, environment_id: str) -> str:
+    data = json.dumps(event_json(event, environment_id))
+    return f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
+
+
 def _cursor(env: Environment, after: str | None, last_event_id: str | None) -> int:
     raw = after if after is not None else last_event_id
     if raw is None or raw == "":
@@ -51,9 +56,12 @@ def _cursor(env: Environment, after: str | None, last_event_id: str | None) -> i
 @router.get("/api/events")
 async def events(request: Request, who: Annotated[Caller, Depends(caller)],
                  env: Annotated[Environment, Depends(environment)],
-                 after: str | None = None) -> StreamingResponse:
+                 after: str | None = None,
+                 keepalive: Annotated[float, Query(ge=0.1, le=60)] = _KEEPALIVE) -> StreamingResponse:
     cursor = _cursor(env, after, request.headers.get("last-event-id"))
     token = who.token_id if who.kind == "link" else None
+    if token is not None and cursor:
+        env.acknowledge(token, cursor)
     if who.kind == "thread":
         token = "-"  # a thread credential reads its thread through the tools, not the feed
 
@@ -61,14 +69,17 @@ async def events(request: Request, who: Annotated[Caller, Depends(caller)],
         nonlocal cursor
         yield ": tether event feed\n\n"
         while not await request.is_disconnected():
+            top = env.store.last_event_seq()
             batch = env.store.events_after(cursor, 500, token)
             for event in batch:
                 cursor = event.seq
-                yield f"id: {event.id}\nevent: {event.type}\ndata: {json.dumps(event_json(event, env.environment_id))}\n\n"
+                yield _frame(event, env.environment_id)
             if batch:
                 continue
+            cursor = max(cursor, top)  # nothing (of this token's) up to the newest event
+            seen = cursor
             woke = await env.runtime.notifier.wait_until(
-                ["events"], lambda: True if env.store.last_event_seq() > cursor else None, _KEEPALIVE
+                ["events"], lambda: True if env.store.last_event_seq() > seen else None, keepalive
             )
             if woke is None:
                 yield ": keepalive\n\n"

@@ -177,6 +177,10 @@ class Task(Record):
     completed_at: str | None = None
     #: For the ledger: how the result reached the parent ("result", "follow-up", "call").
     delivered_as: str | None = None
+    #: A remote child's task: the call its peer still has to receive ("create", "cancel").
+    remote_pending: str | None = None
+    #: What the peer needs to create the child: ``{task, provider}``.
+    remote_request: dict[str, Any] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -194,6 +198,8 @@ class Token(Record):
     expires_at: str | None = None
     last_used_at: str | None = None
     revoked: bool = False
+    #: The feed position the holder has acknowledged by reading past it (link tokens).
+    acked_seq: int = 0
 
 
 @dataclass

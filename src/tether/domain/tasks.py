@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from tether.domain.records import Run, Task
 from tether.domain.types import Delivery, DomainError, RunStatus, TaskStatus, WorkState
@@ -55,6 +56,39 @@ def cancel(task: Task, at: str) -> None:
     task.work_state = WorkState.RESULT_AVAILABLE
     task.result = {"text": None, "runId": None, "status": "cancelled"}
     task.completed_at = at
+
+
+def fail(task: Task, at: str, error: str) -> None:
+    """The task could not run at all (a peer refused to create its child)."""
+    if not task.is_open:
+        raise DomainError(f"task {task.id} is already {task.status}")
+    task.status = TaskStatus.FAILED
+    task.work_state = WorkState.RESULT_AVAILABLE
+    task.result = {"text": None, "runId": None, "status": "failed", "error": error}
+    task.completed_at = at
+
+
+#: What a remote child's environment decides about its task, copied into our record.
+#: Delivery is ours (the origin wakes its parent), so it is never copied.
+_MIRRORED = {
+    "childThreadId": "child_thread_id",
+    "status": "status",
+    "workState": "work_state",
+    "interim": "interim",
+    "result": "result",
+    "progress": "progress",
+    "completedAt": "completed_at",
+}
+
+
+def mirror(task: Task, view: dict[str, Any]) -> None:
+    """Take a remote child's view of this task (G5: the peer decides, we deliver)."""
+    for field_name, attribute in _MIRRORED.items():
+        if view.get(field_name) is not None:
+            setattr(task, attribute, view[field_name])
+    for follow_up_id in view.get("followUps") or []:
+        if follow_up_id not in task.follow_ups:
+            task.follow_ups.append(follow_up_id)
 
 
 def follow_up(original: Task, task_id: str, at: str) -> Task:

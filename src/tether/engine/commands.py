@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from tether.domain import background, runs, tasks, threads
-from tether.domain.records import Item, Message, Run, Task, Thread
+from tether.domain.records import Item, Link, Message, Run, Task, Thread
 from tether.domain.types import (
     ACTIVE_RUN,
     OPEN_TASK,
@@ -34,7 +34,7 @@ from tether.domain.types import (
 )
 from tether.domain.views import item_view, message_view, run_view, task_view, thread_summary
 from tether.engine.unit import Unit
-from tether.errors import Conflict, Invalid, NotFound
+from tether.errors import Conflict, Forbidden, Invalid, NotFound
 from tether.ids import format_time, new_id, now, parse_time
 from tether.store.base import Store
 from tether.types import Caller
@@ -609,7 +609,9 @@ class Commands:
                 self._cancel(u, other, by_parent, reason)
             self._stop(u, child, reason or "task cancelled", RunStatus.CANCELLED, stop_all=True)
         else:
-            u.tx.add_outbox("peer.cancel", {"taskId": task.id, "reason": reason})
+            task.remote_pending = "cancel"
+            u.save(task)
+            u.tx.add_outbox("peer.push", {"environmentId": task.child_environment_id})
         self._task_ended(u, task, by_parent)
 
     def interrupt(self, caller: Caller, thread_id: str, stop: bool = False) -> dict[str, Any]:
@@ -799,6 +801,146 @@ class Commands:
             if item.label == ref:
                 return item
         raise NotFound(f"no background item {ref!r} in thread {thread.id}")
+
+    # ------------------------------------------------------------------ remote children
+
+    def delegate_remote(
+        self,
+        caller: Caller,
+        environment_id: str,
+        task: str,
+        *,
+        provider: str | None = None,
+        mode: str = "async",
+        hold: bool = True,
+        title: str | None = None,
+        client_request_id: str | None = None,
+    ) -> dict[str, Any]:
+        """``delegate_task`` to a linked environment (origin side): the task and its held
+        item are recorded here at once; the peer is asked to create the child by the link's
+        pusher, from the durable ``remote_pending`` mark, until it answers."""
+        if mode not in ("async", "wait"):
+            raise Invalid(f"mode must be 'async' or 'wait', not {mode!r}")
+
+        def body(u: Unit) -> dict[str, Any]:
+            parent = self._acting_thread(u, caller)
+            if parent.token_id is not None:
+                raise Forbidden("work started through a link cannot use this environment's links")
+            record = Task(
+                id=new_id("tsk"),
+                parent_environment_id=self.environment_id,
+                parent_thread_id=parent.id,
+                child_environment_id=environment_id,
+                child_thread_id="",
+                created_at=u.at,
+                title=title,
+                mode=mode,
+                hold=hold,
+                waiting_call=mode == "wait",
+                remote_pending="create",
+                remote_request={"task": task, "provider": provider},
+            )
+            self._save_task(u, record, "task.created")
+            self._task_item(u, record, hold)
+            u.tx.add_outbox("peer.push", {"environmentId": environment_id})
+            return task_view(record)
+
+        return self._once(caller, "delegate", client_request_id, body)
+
+    def remote_sent(self, task_id: str, child_thread_id: str | None = None) -> None:
+        """The peer took the pending call; a created child's thread id is now known."""
+        with self.unit() as u:
+            task = u.need(Task, task_id, "task")
+            task.remote_pending = None
+            if child_thread_id and not task.child_thread_id:
+                task.child_thread_id = child_thread_id
+            self._save_task(u, task)
+
+    def remote_refused(self, task_id: str, message: str) -> None:
+        """The peer refused to create the child (bad input, fence): the task fails, and the
+        parent is told as for any other ending."""
+        with self.unit() as u:
+            task = u.need(Task, task_id, "task")
+            task.remote_pending = None
+            if task.is_open:
+                tasks.fail(task, u.at, message)
+                self._save_task(u, task, "task.completed")
+                self._task_ended(u, task)
+            else:
+                u.save(task)
+
+    def apply_remote(self, environment_id: str, seq: int, view: dict[str, Any]) -> bool:
+        """A task event from a peer's feed, applied exactly once: the cursor moves in the
+        same transaction, and a task already terminal here takes no more news (G3, G7)."""
+        with self.unit() as u:
+            link = u.load(Link, environment_id)
+            if link is None or (link.cursor is not None and seq <= int(link.cursor)):
+                return False
+            link.cursor = str(seq)
+            u.save(link)
+            self._mirror(u, environment_id, view)
+            return True
+
+    def _mirror(self, u: Unit, environment_id: str, view: dict[str, Any]) -> None:
+        task = u.load(Task, view.get("taskId"))
+        if task is None:
+            root = u.load(Task, view.get("followUpOf"))
+            if root is None or root.child_environment_id != environment_id:
+                return
+            task = tasks.follow_up(root, view["taskId"], u.at)
+            root.follow_ups.append(task.id)
+            self._save_task(u, root)
+            self._save_task(u, task, "task.created")
+            self._task_item(u, task, hold=False)
+        if task.child_environment_id != environment_id or task.parent_environment_id != self.environment_id:
+            return
+        if not task.is_open:
+            return
+        tasks.mirror(task, view)
+        if task.is_open:
+            self._save_task(u, task)
+        else:
+            self._save_task(u, task, "task.completed")
+            self._task_ended(u, task)
+
+    def accept_task(
+        self,
+        caller: Caller,
+        task_id: str,
+        text: str,
+        *,
+        origin: dict[str, Any],
+        provider: str | None = None,
+        title: str | None = None,
+        hold: bool = True,
+        mode: str = "async",
+    ) -> dict[str, Any]:
+        """Destination side of a remote delegation: the child thread, fenced to the link
+        token, with the task under the origin's id. Idempotent on that id (G9)."""
+        if caller.kind != "link":
+            raise Forbidden("only a link token can hand this environment a task")
+        if not origin.get("environmentId") or not origin.get("threadId"):
+            raise Invalid("origin needs environmentId and threadId")
+
+        def body(u: Unit) -> dict[str, Any]:
+            existing = u.load(Task, task_id)
+            if existing is not None:
+                raise Conflict(f"task {task_id!r} already exists")
+            record = Task(
+                id=task_id,
+                parent_environment_id=origin["environmentId"],
+                parent_thread_id=origin["threadId"],
+                child_environment_id=self.environment_id,
+                child_thread_id="",
+                created_at=u.at,
+                title=title,
+                mode=mode,
+                hold=hold,
+            )
+            self._child(u, record, text, provider or _default_provider(text, "script"), caller.token_id, origin)
+            return task_view(record)
+
+        return self._once(caller, "accept_task", task_id, body)
 
     # ------------------------------------------------------------------ restart (G6)
 

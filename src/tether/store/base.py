@@ -41,7 +41,8 @@ TABLES: dict[type[Record], Table] = {
     Task: Table(
         "tasks",
         "id",
-        ("parent_thread_id", "child_thread_id", "status", "follow_up_of", "parent_environment_id"),
+        ("parent_thread_id", "child_thread_id", "status", "follow_up_of", "parent_environment_id",
+         "remote_pending"),
         "rowid",
     ),
     Token: Table("tokens", "id", ("hash", "kind", "thread_id"), "rowid"),

@@ -44,4 +44,10 @@ MIGRATIONS: list[str] = [
     CREATE TABLE requests (scope TEXT NOT NULL, key TEXT NOT NULL, response TEXT NOT NULL,
                            PRIMARY KEY (scope, key));
     """,
+    # 2: remote tasks waiting for a call to their peer (create or cancel), found by a scan
+    #    of this index when a link comes up.
+    """
+    ALTER TABLE tasks ADD COLUMN remote_pending TEXT;
+    CREATE INDEX tasks_remote ON tasks(remote_pending);
+    """,
 ]

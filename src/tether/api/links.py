@@ -1,0 +1,80 @@
+"""Linking (SPEC §6): link tokens we mint for peers, links we hold to peers, and the
+endpoint through which a peer hands us a task."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from pydantic import Field
+
+from tether.api.auth import caller, environment
+from tether.api.models import LinkRequest, LinkTokenRequest, _Body
+from tether.environment import Environment
+from tether.errors import Forbidden
+from tether.types import Caller
+
+router = APIRouter(tags=["links"])
+Who = Annotated[Caller, Depends(caller)]
+Env = Annotated[Environment, Depends(environment)]
+
+
+def _admin(who: Caller) -> None:
+    if who.kind != "admin":
+        raise Forbidden("this needs the admin token")
+
+
+class AcceptTask(_Body):
+    taskId: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_\-]+$")
+    task: str = Field(min_length=1)
+    origin: dict[str, Any]
+    provider: str | None = Field(default=None, max_length=100)
+    title: str | None = Field(default=None, max_length=500)
+    hold: bool = True
+    mode: str = Field(default="async", pattern="^(async|wait)$")
+
+
+@router.post("/api/link-tokens", status_code=201)
+async def create_link_token(body: LinkTokenRequest, who: Who, env: Env) -> dict[str, Any]:
+    _admin(who)
+    record, token = env.mint_token(body.label)
+    return {"tokenId": record.id, "token": token, "label": record.label, "createdAt": record.created_at}
+
+
+def _token_view(record: Any) -> dict[str, Any]:
+    return {"tokenId": record.id, "label": record.label, "createdAt": record.created_at,
+            "lastUsedAt": record.last_used_at, "revoked": record.revoked, "ackedEventId": str(record.acked_seq)}
+
+
+@router.get("/api/link-tokens")
+async def list_link_tokens(who: Who, env: Env) -> dict[str, Any]:
+    _admin(who)
+    return {"tokens": [_token_view(t) for t in env.tokens()]}
+
+
+@router.delete("/api/link-tokens/{token_id}")
+async def revoke_link_token(token_id: str, who: Who, env: Env) -> dict[str, Any]:
+    _admin(who)
+    record = env.revoke_token(token_id)
+    return {"tokenId": record.id, "revoked": True}
+
+
+@router.post("/api/links", status_code=201)
+async def add_link(body: LinkRequest, who: Who, env: Env) -> dict[str, Any]:
+    _admin(who)
+    return await env.peers.add(body.url, body.token, body.label, body.insecure)
+
+
+@router.get("/api/links")
+async def list_links(who: Who, env: Env) -> dict[str, Any]:
+    _admin(who)
+    return {"links": env.peers.list()}
+
+
+@router.post("/api/tasks", status_code=201, tags=["tasks"])
+async def accept_task(body: AcceptTask, who: Who, env: Env) -> dict[str, Any]:
+    """A linked environment hands us a task: we create its child thread here."""
+    return env.commands.accept_task(
+        who, body.taskId, body.task, origin=body.origin, provider=body.provider, title=body.title,
+        hold=body.hold, mode=body.mode,
+    )
