@@ -19,8 +19,12 @@ app = typer.Typer(help="tether: delegate work between agent threads and never lo
                   no_args_is_help=True, pretty_exceptions_enable=False)
 thread_app = typer.Typer(help="Create, message, show and wait on threads.", no_args_is_help=True)
 task_app = typer.Typer(help="List, show and cancel delegated tasks.", no_args_is_help=True)
+token_app = typer.Typer(help="Link tokens this environment mints for peers.", no_args_is_help=True)
+link_app = typer.Typer(help="Links from this environment to others.", no_args_is_help=True)
 app.add_typer(thread_app, name="thread")
 app.add_typer(task_app, name="task")
+app.add_typer(token_app, name="token")
+app.add_typer(link_app, name="link")
 
 out = Console()
 err = Console(stderr=True)
@@ -206,6 +210,80 @@ def task_cancel(
     client = _client(url, token, data)
     result = _call(lambda: client.post(f"/api/tasks/{task_id}/cancel", {"reason": reason}))
     _print_json(result) if as_json else out.print(f"{result['taskId']}: {result['status']}")
+
+
+# ---------------------------------------------------------------------- tokens and links
+
+
+@token_app.command("create")
+def token_create(
+    label: str = typer.Option(..., "--label", help="Who the token is for (shown in lists)."),
+    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+) -> None:
+    """Mint a link token. It is shown once: it is as powerful as an SSH key to this workspace."""
+    client = _client(url, token, data)
+    result = _call(lambda: client.post("/api/link-tokens", {"label": label}))
+    if as_json:
+        _print_json(result)
+    else:
+        out.print(f"link token {result['tokenId']} ({label}) — shown once, keep it secret:")
+        sys.stdout.write(result["token"] + "\n")
+
+
+@token_app.command("list")
+def token_list(url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt,
+               as_json: bool = JsonOpt) -> None:
+    """List link tokens (never the secrets)."""
+    client = _client(url, token, data)
+    result = _call(lambda: client.get("/api/link-tokens"))
+    if as_json:
+        _print_json(result)
+        return
+    table = Table("token", "label", "created", "last used", "revoked")
+    for t in result["tokens"]:
+        table.add_row(t["tokenId"], t["label"], t["createdAt"], t["lastUsedAt"] or "", "yes" if t["revoked"] else "")
+    out.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: str, url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt,
+                 as_json: bool = JsonOpt) -> None:
+    """Revoke a link token: every later call with it gets 401."""
+    client = _client(url, token, data)
+    result = _call(lambda: client.request("DELETE", f"/api/link-tokens/{token_id}"))
+    _print_json(result) if as_json else out.print(f"{token_id} revoked")
+
+
+@link_app.command("add")
+def link_add(
+    peer_url: str = typer.Argument(..., help="URL of the environment to link to."),
+    peer_token: str = typer.Option(..., "--token", help="A link token minted there."),
+    label: str | None = typer.Option(None, "--label"),
+    insecure: bool = typer.Option(False, "--insecure", help="Allow plain http to a public address."),
+    url: str = UrlOpt, admin_token: str | None = typer.Option(None, "--admin-token", help="This environment's token."),
+    data: Path | None = DataOpt, as_json: bool = JsonOpt,
+) -> None:
+    """Link this environment to the one at PEER_URL."""
+    client = _client(url, admin_token, data)
+    body = {"url": peer_url, "token": peer_token, "label": label, "insecure": insecure}
+    result = _call(lambda: client.post("/api/links", body))
+    _print_json(result) if as_json else out.print(f"linked to {result['name']} ({result['environmentId']})")
+
+
+@link_app.command("list")
+def link_list(url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt,
+              as_json: bool = JsonOpt) -> None:
+    """List links with their reachability and last error."""
+    client = _client(url, token, data)
+    result = _call(lambda: client.get("/api/links"))
+    if as_json:
+        _print_json(result)
+        return
+    table = Table("environment", "name", "label", "url", "status", "last error")
+    for link in result["links"]:
+        table.add_row(link["environmentId"], link["name"], link["label"] or "", link["url"], link["status"],
+                      link["lastError"] or "")
+    out.print(table)
 
 
 def main() -> None:
