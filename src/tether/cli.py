@@ -15,8 +15,11 @@ from rich.table import Table
 
 from tether.client import DEFAULT_URL, ApiError, Client, resolve_token
 
-app = typer.Typer(help="tether: delegate work between agent threads and never lose an answer.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="tether: delegate work between agent threads and never lose an answer.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 thread_app = typer.Typer(help="Create, message, show and wait on threads.", no_args_is_help=True)
 task_app = typer.Typer(help="List, show and cancel delegated tasks.", no_args_is_help=True)
 token_app = typer.Typer(help="Link tokens this environment mints for peers.", no_args_is_help=True)
@@ -29,7 +32,9 @@ app.add_typer(link_app, name="link")
 out = Console()
 err = Console(stderr=True)
 
-UrlOpt = typer.Option(os.environ.get("TETHER_URL", DEFAULT_URL), "--url", help="Environment URL (TETHER_URL).")
+UrlOpt = typer.Option(
+    os.environ.get("TETHER_URL", DEFAULT_URL), "--url", help="Environment URL (TETHER_URL)."
+)
 TokenOpt = typer.Option(None, "--token", help="Bearer token (TETHER_TOKEN; default: DATA/admin.token).")
 DataOpt = typer.Option(None, "--data", help="Data directory whose admin.token to use.")
 JsonOpt = typer.Option(False, "--json", help="Print JSON.")
@@ -94,30 +99,46 @@ def thread_new(
     provider: str = typer.Option("script", "--provider"),
     title: str | None = typer.Option(None, "--title"),
     file: Path | None = typer.Option(None, "--file", help="Read the first message from a file."),
-    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+    url: str = UrlOpt,
+    token: str | None = TokenOpt,
+    data: Path | None = DataOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Create a thread (and start its first run if a message is given)."""
     text = file.read_text() if file else message
     client = _client(url, token, data)
-    result = _call(lambda: client.post("/api/threads", {"provider": provider, "title": title, "message": text}))
-    _print_json(result) if as_json else out.print(f"thread [bold]{result['threadId']}[/bold] run {result['runId']}")
+    result = _call(
+        lambda: client.post("/api/threads", {"provider": provider, "title": title, "message": text})
+    )
+    _print_json(result) if as_json else out.print(
+        f"thread [bold]{result['threadId']}[/bold] run {result['runId']}"
+    )
 
 
 @thread_app.command("send")
 def thread_send(
-    thread_id: str, text: str,
+    thread_id: str,
+    text: str,
     mode: str = typer.Option("auto", "--mode", help="auto or queue"),
-    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+    url: str = UrlOpt,
+    token: str | None = TokenOpt,
+    data: Path | None = DataOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Send a message to a thread."""
     client = _client(url, token, data)
     result = _call(lambda: client.post(f"/api/threads/{thread_id}/messages", {"text": text, "mode": mode}))
-    _print_json(result) if as_json else out.print(f"message {result['messageId']} run {result['runId']} ({result['delivery']})")
+    _print_json(result) if as_json else out.print(
+        f"message {result['messageId']} run {result['runId']} ({result['delivery']})"
+    )
 
 
 @thread_app.command("show")
 def thread_show(
-    thread_id: str, url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt,
+    thread_id: str,
+    url: str = UrlOpt,
+    token: str | None = TokenOpt,
+    data: Path | None = DataOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Show a thread: its messages, runs and background work."""
@@ -126,8 +147,10 @@ def thread_show(
     if as_json:
         _print_json(view)
         return
-    out.print(f"[bold]{view['threadId']}[/bold] {view['provider']} · {view['status']} · "
-              f"{'settled' if view['settled'] else 'not settled'}")
+    out.print(
+        f"[bold]{view['threadId']}[/bold] {view['provider']} · {view['status']} · "
+        f"{'settled' if view['settled'] else 'not settled'}"
+    )
     table = Table("#", "role", "text", "run", title="messages")
     for m in view["messages"]:
         table.add_row(str(m["position"]), m["role"], m["text"][:200], m["runId"] or "")
@@ -139,8 +162,13 @@ def thread_show(
     if view["background"]:
         items = Table("item", "kind", "status", "held", "what", title="background")
         for i in view["background"]:
-            items.add_row(i["id"], i["kind"], i["status"], "yes" if i["held"] else "",
-                          i["command"] or i["text"] or i["taskId"] or "")
+            items.add_row(
+                i["id"],
+                i["kind"],
+                i["status"],
+                "yes" if i["held"] else "",
+                i["command"] or i["text"] or i["taskId"] or "",
+            )
         out.print(items)
 
 
@@ -150,13 +178,22 @@ def thread_wait(
     until_settled: bool = typer.Option(False, "--settled", help="Wait until settled, not just idle."),
     after_run: str | None = typer.Option(None, "--after-run"),
     timeout_ms: int = typer.Option(300_000, "--timeout-ms"),
-    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+    url: str = UrlOpt,
+    token: str | None = TokenOpt,
+    data: Path | None = DataOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Wait until a thread is idle (or settled)."""
     client = _client(url, token, data, timeout=timeout_ms / 1000 + 30)
     with err.status(f"waiting for {thread_id}…"):
-        result = _call(lambda: client.get(f"/api/threads/{thread_id}/wait", untilSettled=until_settled,
-                                          afterRunId=after_run, timeoutMs=timeout_ms))
+        result = _call(
+            lambda: client.get(
+                f"/api/threads/{thread_id}/wait",
+                untilSettled=until_settled,
+                afterRunId=after_run,
+                timeoutMs=timeout_ms,
+            )
+        )
     if as_json:
         _print_json(result)
     else:
@@ -173,8 +210,15 @@ def _task_table(tasks: list[dict[str, Any]]) -> Table:
     table = Table("task", "title", "status", "work", "result", "follow-up of", "delivery")
     for t in tasks:
         result = (t.get("result") or {}).get("text")
-        table.add_row(t["taskId"], t.get("title") or "", t["status"], t["workState"],
-                      (result or "")[:60], t.get("followUpOf") or "", t["delivery"]["state"])
+        table.add_row(
+            t["taskId"],
+            t.get("title") or "",
+            t["status"],
+            t["workState"],
+            (result or "")[:60],
+            t.get("followUpOf") or "",
+            t["delivery"]["state"],
+        )
     return table
 
 
@@ -182,7 +226,10 @@ def _task_table(tasks: list[dict[str, Any]]) -> Table:
 def task_list(
     parent: str | None = typer.Option(None, "--parent", help="Only tasks of this parent thread."),
     status: str | None = typer.Option(None, "--status"),
-    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+    url: str = UrlOpt,
+    token: str | None = TokenOpt,
+    data: Path | None = DataOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """List delegated tasks and follow-ups."""
     client = _client(url, token, data)
@@ -192,7 +239,10 @@ def task_list(
 
 @task_app.command("show")
 def task_show(
-    task_id: str, url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt,
+    task_id: str,
+    url: str = UrlOpt,
+    token: str | None = TokenOpt,
+    data: Path | None = DataOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Show one task."""
@@ -203,8 +253,12 @@ def task_show(
 
 @task_app.command("cancel")
 def task_cancel(
-    task_id: str, reason: str | None = typer.Option(None, "--reason"),
-    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+    task_id: str,
+    reason: str | None = typer.Option(None, "--reason"),
+    url: str = UrlOpt,
+    token: str | None = TokenOpt,
+    data: Path | None = DataOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Cancel a task: its child stops, and the parent is told once."""
     client = _client(url, token, data)
@@ -218,7 +272,10 @@ def task_cancel(
 @token_app.command("create")
 def token_create(
     label: str = typer.Option(..., "--label", help="Who the token is for (shown in lists)."),
-    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt,
+    url: str = UrlOpt,
+    token: str | None = TokenOpt,
+    data: Path | None = DataOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Mint a link token. It is shown once: it is as powerful as an SSH key to this workspace."""
     client = _client(url, token, data)
@@ -231,8 +288,9 @@ def token_create(
 
 
 @token_app.command("list")
-def token_list(url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt,
-               as_json: bool = JsonOpt) -> None:
+def token_list(
+    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt
+) -> None:
     """List link tokens (never the secrets)."""
     client = _client(url, token, data)
     result = _call(lambda: client.get("/api/link-tokens"))
@@ -241,13 +299,20 @@ def token_list(url: str = UrlOpt, token: str | None = TokenOpt, data: Path | Non
         return
     table = Table("token", "label", "created", "last used", "revoked")
     for t in result["tokens"]:
-        table.add_row(t["tokenId"], t["label"], t["createdAt"], t["lastUsedAt"] or "", "yes" if t["revoked"] else "")
+        table.add_row(
+            t["tokenId"], t["label"], t["createdAt"], t["lastUsedAt"] or "", "yes" if t["revoked"] else ""
+        )
     out.print(table)
 
 
 @token_app.command("revoke")
-def token_revoke(token_id: str, url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt,
-                 as_json: bool = JsonOpt) -> None:
+def token_revoke(
+    token_id: str,
+    url: str = UrlOpt,
+    token: str | None = TokenOpt,
+    data: Path | None = DataOpt,
+    as_json: bool = JsonOpt,
+) -> None:
     """Revoke a link token: every later call with it gets 401."""
     client = _client(url, token, data)
     result = _call(lambda: client.request("DELETE", f"/api/link-tokens/{token_id}"))
@@ -260,8 +325,10 @@ def link_add(
     peer_token: str = typer.Option(..., "--token", help="A link token minted there."),
     label: str | None = typer.Option(None, "--label"),
     insecure: bool = typer.Option(False, "--insecure", help="Allow plain http to a public address."),
-    url: str = UrlOpt, admin_token: str | None = typer.Option(None, "--admin-token", help="This environment's token."),
-    data: Path | None = DataOpt, as_json: bool = JsonOpt,
+    url: str = UrlOpt,
+    admin_token: str | None = typer.Option(None, "--admin-token", help="This environment's token."),
+    data: Path | None = DataOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Link this environment to the one at PEER_URL."""
     client = _client(url, admin_token, data)
@@ -271,8 +338,9 @@ def link_add(
 
 
 @link_app.command("list")
-def link_list(url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt,
-              as_json: bool = JsonOpt) -> None:
+def link_list(
+    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt
+) -> None:
     """List links with their reachability and last error."""
     client = _client(url, token, data)
     result = _call(lambda: client.get("/api/links"))
@@ -281,8 +349,14 @@ def link_list(url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None
         return
     table = Table("environment", "name", "label", "url", "status", "last error")
     for link in result["links"]:
-        table.add_row(link["environmentId"], link["name"], link["label"] or "", link["url"], link["status"],
-                      link["lastError"] or "")
+        table.add_row(
+            link["environmentId"],
+            link["name"],
+            link["label"] or "",
+            link["url"],
+            link["status"],
+            link["lastError"] or "",
+        )
     out.print(table)
 
 

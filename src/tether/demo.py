@@ -21,13 +21,17 @@ from tether.probes import finished, outcome, parent_script
 PROBE_TIMEOUT = 60.0
 
 
-def run_probe(origin: Server, child_env: Server, probe: int, where: str, seconds: float = 1.0) -> dict[str, Any]:
+def run_probe(
+    origin: Server, child_env: Server, probe: int, where: str, seconds: float = 1.0
+) -> dict[str, Any]:
     """Run one probe with its parent in ``origin`` and its child in ``child_env``."""
     environment = child_env.name if where == "remote" else None
     script = parent_script(probe, environment, seconds)
     with origin.client() as client:
-        created = client.post("/api/threads", json={
-            "provider": "script", "title": f"probe {probe} ({where})", "message": json.dumps(script)})
+        created = client.post(
+            "/api/threads",
+            json={"provider": "script", "title": f"probe {probe} ({where})", "message": json.dumps(script)},
+        )
         created.raise_for_status()
         thread_id = created.json()["threadId"]
 
@@ -85,11 +89,25 @@ def run_demo(data: Path | None, probes: list[int], log: Console) -> list[dict[st
 
 
 def print_table(rows: list[dict[str, Any]], console: Console) -> None:
-    table = Table("probe", "where", "result", "follow-ups", "wakes", "FINAL delivered", "latency ms",
-                  title="what the parent received")
+    table = Table(
+        "probe",
+        "where",
+        "result",
+        "follow-ups",
+        "wakes",
+        "FINAL delivered",
+        "latency ms",
+        title="what the parent received",
+    )
     for row in rows:
-        ok = "[green]once ✓[/green]" if row["delivered"] else f"[red]{row['finalCount']}× ✗[/red]"
-        table.add_row(str(row["probe"]), row["where"], str(row["result"]),
-                      ", ".join(str(f) for f in row["followUps"]) or "—", str(row["wakes"]),
-                      f"{ok} as {row['deliveredAs']}", "" if row["latencyMs"] is None else f"{row['latencyMs']:.0f}")
+        ok = "[green]once ✓[/green]" if row["delivered"] else f"[red]{row['finalCount']}x ✗[/red]"
+        table.add_row(
+            str(row["probe"]),
+            row["where"],
+            str(row["result"]),
+            ", ".join(str(f) for f in row["followUps"]) or "—",
+            str(row["wakes"]),
+            f"{ok} as {row['deliveredAs']}",
+            "" if row["latencyMs"] is None else f"{row['latencyMs']:.0f}",
+        )
     console.print(table)

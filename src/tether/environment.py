@@ -31,7 +31,9 @@ def hash_token(token: str) -> str:
 
 
 class Environment:
-    def __init__(self, data_dir: Path, name: str | None = None, providers: dict[str, Provider] | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, name: str | None = None, providers: dict[str, Provider] | None = None
+    ) -> None:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self.store = SQLiteStore(data_dir / "tether.db")
@@ -96,8 +98,9 @@ class Environment:
             return Caller("thread", thread_id=record.thread_id)
         return Caller("link", token_id=record.id)
 
-    def mint_token(self, label: str, kind: str = "link", thread_id: str | None = None,
-                   ttl_seconds: int | None = None) -> tuple[Token, str]:
+    def mint_token(
+        self, label: str, kind: str = "link", thread_id: str | None = None, ttl_seconds: int | None = None
+    ) -> tuple[Token, str]:
         secret = ("ttl_" if kind == "link" else "ttc_") + secrets.token_urlsafe(32)
         expires = format_time(datetime.now(UTC) + timedelta(seconds=ttl_seconds)) if ttl_seconds else None
         record = Token(new_id("tok"), label, hash_token(secret), now(), kind, thread_id, expires)

@@ -47,9 +47,21 @@ class Server:
         self.data.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tether", "serve", "--data", str(self.data),
-                 "--port", str(self.port), "--name", self.name],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    "-m",
+                    "tether",
+                    "serve",
+                    "--data",
+                    str(self.data),
+                    "--port",
+                    str(self.port),
+                    "--name",
+                    self.name,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         deadline = time.monotonic() + timeout
@@ -77,13 +89,12 @@ class Server:
                 self.kill()
 
     def client(self, timeout: float = 60.0) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"},
-                            timeout=timeout)
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout
+        )
 
 
-def follow_events(
-    url: str, token: str, check: Callable[[], Any], timeout: float, after: str = "now"
-) -> Any:
+def follow_events(url: str, token: str, check: Callable[[], Any], timeout: float, after: str = "now") -> Any:
     """Re-evaluate ``check`` after every event of the feed until it returns a truthy value.
 
     Event-driven waiting for clients: no fixed sleeps, and nothing missed between the first
@@ -92,8 +103,13 @@ def follow_events(
     deadline = time.monotonic() + timeout
     headers = {"Authorization": f"Bearer {token}"}
     try:
-        with httpx.stream("GET", f"{url}/api/events", params={"after": after}, headers=headers,
-                          timeout=httpx.Timeout(timeout, connect=5.0)) as response:
+        with httpx.stream(
+            "GET",
+            f"{url}/api/events",
+            params={"after": after},
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=5.0),
+        ) as response:
             result = check()
             if result:
                 return result

@@ -15,12 +15,17 @@ _FINAL = [{"reply": "FINAL"}]
 
 
 def child_script(probe: int, seconds: float = 1.0) -> dict[str, Any]:
-    """The child of probe 1–6. ``seconds`` is how long its background work takes."""
+    """The child of probe 1-6. ``seconds`` is how long its background work takes."""
     lines = f"for i in 1 2 3; do sleep {seconds / 3:.2f}; echo line$i; done"
     rules: dict[int, list[dict[str, Any]]] = {
         1: [
-            {"on": "start", "do": [{"bash": f"sleep {seconds}; echo OK", "background": True, "id": "b1"},
-                                   {"reply": "WAITING"}]},
+            {
+                "on": "start",
+                "do": [
+                    {"bash": f"sleep {seconds}; echo OK", "background": True, "id": "b1"},
+                    {"reply": "WAITING"},
+                ],
+            },
             {"on": "background_command", "do": _FINAL},
         ],
         2: [
@@ -29,15 +34,23 @@ def child_script(probe: int, seconds: float = 1.0) -> dict[str, Any]:
             {"on": "monitor_finished", "do": _FINAL},
         ],
         3: [
-            {"on": "start", "do": [
-                {"bash": f"sleep {seconds}; echo OK", "background": True, "id": "b1", "await": True},
-                {"reply": "WAITING"}]},
+            {
+                "on": "start",
+                "do": [
+                    {"bash": f"sleep {seconds}; echo OK", "background": True, "id": "b1", "await": True},
+                    {"reply": "WAITING"},
+                ],
+            },
             {"on": "background_command", "do": _FINAL},
         ],
         4: [
-            {"on": "start", "do": [
-                {"schedule": {"in_ms": int(seconds * 1000), "text": "time is up", "hold": True}},
-                {"reply": "WAITING"}]},
+            {
+                "on": "start",
+                "do": [
+                    {"schedule": {"in_ms": int(seconds * 1000), "text": "time is up", "hold": True}},
+                    {"reply": "WAITING"},
+                ],
+            },
             {"on": "scheduled", "do": _FINAL},
         ],
         5: [
@@ -45,8 +58,10 @@ def child_script(probe: int, seconds: float = 1.0) -> dict[str, Any]:
             {"on": "message", "do": _FINAL},
         ],
         6: [
-            {"on": "start", "do": [{"monitor": lines, "persistent": True, "id": "m1"},
-                                   {"reply": "WATCHING"}]},
+            {
+                "on": "start",
+                "do": [{"monitor": lines, "persistent": True, "id": "m1"}, {"reply": "WATCHING"}],
+            },
             {"on": "monitor_event", "repeat": True, "do": [{"reply": "PROGRESS"}]},
             {"on": "monitor_finished", "do": _FINAL},
         ],
@@ -61,8 +76,12 @@ def parent_script(probe: int, environment: str | None = None, seconds: float = 1
         delegate["environment"] = environment
     rules: list[dict[str, Any]] = [{"on": "start", "do": [{"delegate": delegate}, {"reply": "delegated"}]}]
     if probe == 5:
-        rules.append({"on": "delegated_task", "do": [
-            {"thread_send": {"thread": "child:c", "text": "go on"}}, {"reply": "sent"}]})
+        rules.append(
+            {
+                "on": "delegated_task",
+                "do": [{"thread_send": {"thread": "child:c", "text": "go on"}}, {"reply": "sent"}],
+            }
+        )
     rules.append({"on": "delegated_task", "repeat": True, "do": [{"reply": "got {{text}}"}]})
     return {"tether_script": 1, "rules": rules}
 
@@ -78,12 +97,20 @@ def finished(tasks: list[dict[str, Any]], parent: dict[str, Any]) -> bool:
     )
 
 
-def outcome(probe: int, where: str, tasks: list[dict[str, Any]], parent: dict[str, Any],
-            child_runs: list[dict[str, Any]]) -> dict[str, Any]:
+def outcome(
+    probe: int,
+    where: str,
+    tasks: list[dict[str, Any]],
+    parent: dict[str, Any],
+    child_runs: list[dict[str, Any]],
+) -> dict[str, Any]:
     """What the parent received: one row of the demo's table."""
     wakes = [r for r in parent["runs"] if r["trigger"]["kind"] == "delegated_task"]
-    wake_texts = [m["text"] for m in parent["messages"]
-                  if m["role"] == "notification" and (m["source"] or {}).get("kind") == "delegated_task"]
+    wake_texts = [
+        m["text"]
+        for m in parent["messages"]
+        if m["role"] == "notification" and (m["source"] or {}).get("kind") == "delegated_task"
+    ]
     finals = sum(text.count("FINAL") for text in wake_texts)
     root = next((t for t in tasks if not t["followUpOf"]), None)
     carrier = next((t for t in tasks if (t.get("result") or {}).get("text") == "FINAL"), None)

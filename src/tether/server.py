@@ -16,11 +16,14 @@ from tether.environment import Environment
 async def serve(data: Path, port: int, host: str = "127.0.0.1", name: str | None = None) -> None:
     env = Environment(data, name)  # writes admin.token before we listen
     app = create_app(env)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                            timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=2
+    )
     server = uvicorn.Server(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
-    logging.getLogger("tether").info("tether %s (%s) on http://%s:%d", env.name, env.environment_id, host, port)
+    logging.getLogger("tether").info(
+        "tether %s (%s) on http://%s:%d", env.name, env.environment_id, host, port
+    )
     await server.serve()

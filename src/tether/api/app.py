@@ -7,20 +7,25 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.routing import Route
 
 from tether import __version__
 from tether.api import errors, events, links, tasks, threads
 from tether.api.limits import BodyLimit
 from tether.environment import Environment
+from tether.tools import mcp
 
 
 def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
+    mcp_app, mcp_lifespan = mcp.build(env)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if manage_lifecycle:
             await env.start()
         try:
-            yield
+            async with mcp_lifespan():
+                yield
         finally:
             if manage_lifecycle:
                 await env.close()
@@ -42,5 +47,7 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
     app.include_router(tasks.router)
     app.include_router(events.router)
     app.include_router(links.router)
+    # Exactly /mcp, no redirect to /mcp/ (a Mount would add one).
+    app.router.routes.append(Route("/mcp", endpoint=mcp_app, methods=["GET", "POST", "DELETE"]))
     app.add_middleware(BodyLimit)
     return app

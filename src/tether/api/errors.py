@@ -9,8 +9,16 @@ from starlette.exceptions import HTTPException
 
 from tether.errors import TetherError
 
-_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-          405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid"}
+_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    422: "invalid",
+}
 
 
 def error_response(status: int, code: str, message: str) -> JSONResponse:

@@ -54,10 +54,13 @@ def _cursor(env: Environment, after: str | None, last_event_id: str | None) -> i
 
 
 @router.get("/api/events")
-async def events(request: Request, who: Annotated[Caller, Depends(caller)],
-                 env: Annotated[Environment, Depends(environment)],
-                 after: str | None = None,
-                 keepalive: Annotated[float, Query(ge=0.1, le=60)] = _KEEPALIVE) -> StreamingResponse:
+async def events(
+    request: Request,
+    who: Annotated[Caller, Depends(caller)],
+    env: Annotated[Environment, Depends(environment)],
+    after: str | None = None,
+    keepalive: Annotated[float, Query(ge=0.1, le=60)] = _KEEPALIVE,
+) -> StreamingResponse:
     cursor = _cursor(env, after, request.headers.get("last-event-id"))
     token = who.token_id if who.kind == "link" else None
     if token is not None and cursor:
@@ -79,10 +82,13 @@ async def events(request: Request, who: Annotated[Caller, Depends(caller)],
             cursor = max(cursor, top)  # nothing (of this token's) up to the newest event
             seen = cursor
             woke = await env.runtime.notifier.wait_until(
-                ["events"], lambda: True if env.store.last_event_seq() > seen else None, keepalive
+                ["events"], lambda seen=seen: True if env.store.last_event_seq() > seen else None, keepalive
             )
             if woke is None:
                 yield ": keepalive\n\n"
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        stream(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -42,8 +42,14 @@ async def create_link_token(body: LinkTokenRequest, who: Who, env: Env) -> dict[
 
 
 def _token_view(record: Any) -> dict[str, Any]:
-    return {"tokenId": record.id, "label": record.label, "createdAt": record.created_at,
-            "lastUsedAt": record.last_used_at, "revoked": record.revoked, "ackedEventId": str(record.acked_seq)}
+    return {
+        "tokenId": record.id,
+        "label": record.label,
+        "createdAt": record.created_at,
+        "lastUsedAt": record.last_used_at,
+        "revoked": record.revoked,
+        "ackedEventId": str(record.acked_seq),
+    }
 
 
 @router.get("/api/link-tokens")
@@ -75,6 +81,12 @@ async def list_links(who: Who, env: Env) -> dict[str, Any]:
 async def accept_task(body: AcceptTask, who: Who, env: Env) -> dict[str, Any]:
     """A linked environment hands us a task: we create its child thread here."""
     return env.commands.accept_task(
-        who, body.taskId, body.task, origin=body.origin, provider=body.provider, title=body.title,
-        hold=body.hold, mode=body.mode,
+        who,
+        body.taskId,
+        body.task,
+        origin=body.origin,
+        provider=body.provider,
+        title=body.title,
+        hold=body.hold,
+        mode=body.mode,
     )

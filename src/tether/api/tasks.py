@@ -18,8 +18,9 @@ Status = Literal["queued", "running", "completed", "failed", "cancelled", "inter
 
 
 @router.get("")
-async def list_tasks(who: Who, env: Env, parentThreadId: str | None = None,
-                     status: Status | None = None) -> dict[str, Any]:
+async def list_tasks(
+    who: Who, env: Env, parentThreadId: str | None = None, status: Status | None = None
+) -> dict[str, Any]:
     return {"tasks": env.queries.tasks(who, parentThreadId, status)}
 
 

@@ -48,7 +48,9 @@ async def get_thread(thread_id: str, who: Who, env: Env) -> dict[str, Any]:
 
 @router.get("/{thread_id}/messages")
 async def read_messages(
-    thread_id: str, who: Who, env: Env,
+    thread_id: str,
+    who: Who,
+    env: Env,
     afterPosition: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
@@ -57,7 +59,9 @@ async def read_messages(
 
 @router.get("/{thread_id}/wait")
 async def wait_thread(
-    thread_id: str, who: Who, env: Env,
+    thread_id: str,
+    who: Who,
+    env: Env,
     untilSettled: bool = False,
     afterRunId: str | None = None,
     timeoutMs: Annotated[int, Query(ge=0, le=3_600_000)] = 30_000,
@@ -73,11 +77,14 @@ async def interrupt(thread_id: str, who: Who, env: Env, body: Interrupt | None =
 
 
 @router.post("/{thread_id}/credentials")
-async def credentials(thread_id: str, request: Request, who: Who, env: Env,
-                      body: Credentials | None = None) -> dict[str, Any]:
+async def credentials(
+    thread_id: str, request: Request, who: Who, env: Env, body: Credentials | None = None
+) -> dict[str, Any]:
     if who.kind != "admin":
         raise Forbidden("only the admin token can mint thread credentials")
     env.queries.thread(who, thread_id)  # 404 for an unknown thread
-    record, token = env.mint_token(f"thread {thread_id}", "thread", thread_id, body.ttlSeconds if body else None)
+    record, token = env.mint_token(
+        f"thread {thread_id}", "thread", thread_id, body.ttlSeconds if body else None
+    )
     base = str(request.base_url).rstrip("/")
     return {"token": token, "tokenId": record.id, "mcpUrl": f"{base}/mcp", "expiresAt": record.expires_at}

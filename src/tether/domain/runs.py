@@ -5,9 +5,7 @@ from __future__ import annotations
 from tether.domain.records import Run
 from tether.domain.types import DomainError, RunStatus, Trigger
 
-_ENDINGS = frozenset(
-    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPTED, RunStatus.CANCELLED}
-)
+_ENDINGS = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPTED, RunStatus.CANCELLED})
 
 #: Trigger kinds whose queued run takes in later triggers of the same kind and key.
 #: Everything else gets a run of its own (SPEC §1: kinds never fold into each other).

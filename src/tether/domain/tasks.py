@@ -1,4 +1,4 @@
-"""Delegated tasks: status, work state, results, follow-ups and delivery (SPEC §1, G1–G4)."""
+"""Delegated tasks: status, work state, results, follow-ups and delivery (SPEC §1, G1-G4)."""
 
 from __future__ import annotations
 

@@ -206,9 +206,8 @@ class Commands:
     @staticmethod
     def _is_parent(thread: Thread, origin: dict[str, Any]) -> bool:
         parent = thread.parent or {}
-        return (
-            parent.get("threadId") == origin.get("threadId")
-            and parent.get("environmentId") == origin.get("environmentId")
+        return parent.get("threadId") == origin.get("threadId") and parent.get("environmentId") == origin.get(
+            "environmentId"
         )
 
     def _follow_up_on_send(self, u: Unit, thread: Thread) -> None:
@@ -259,8 +258,11 @@ class Commands:
     ) -> Run:
         """Queue a run for ``kind`` — or fold the messages into a queued run that takes them."""
         run = next(
-            (r for r in u.query(Run, thread_id=thread.id, status=RunStatus.QUEUED)
-             if runs.folds_into(r, kind, key)),
+            (
+                r
+                for r in u.query(Run, thread_id=thread.id, status=RunStatus.QUEUED)
+                if runs.folds_into(r, kind, key)
+            ),
             None,
         )
         if run is None:
@@ -306,9 +308,7 @@ class Commands:
             tasks.mark_running(follow_up)
             self._save_task(u, follow_up)
 
-    def end_run(
-        self, run_id: str, status: str, reply: str | None = None, error: str | None = None
-    ) -> None:
+    def end_run(self, run_id: str, status: str, reply: str | None = None, error: str | None = None) -> None:
         with self.unit() as u:
             run = u.need(Run, run_id, "run")
             if run.status != RunStatus.RUNNING:
@@ -432,7 +432,9 @@ class Commands:
 
     def _save_task(self, u: Unit, task: Task, event: str = "task.updated") -> None:
         u.save(task)
-        thread_id = task.child_thread_id if self._local_side(task, task.child_thread_id) else task.parent_thread_id
+        thread_id = (
+            task.child_thread_id if self._local_side(task, task.child_thread_id) else task.parent_thread_id
+        )
         u.emit(event, task_view(task), thread_id=thread_id, task_id=task.id)
 
     def _task_item(self, u: Unit, task: Task, hold: bool) -> Item:
@@ -478,8 +480,11 @@ class Commands:
         if task.delivery_state != Delivery.PENDING:
             return
         run = next(
-            (r for r in u.query(Run, thread_id=parent.id, status=RunStatus.QUEUED)
-             if runs.folds_into(r, Trigger.DELEGATED_TASK, None)),
+            (
+                r
+                for r in u.query(Run, thread_id=parent.id, status=RunStatus.QUEUED)
+                if runs.folds_into(r, Trigger.DELEGATED_TASK, None)
+            ),
             None,
         )
         if run is not None:
@@ -549,7 +554,12 @@ class Commands:
         return self._once(caller, "delegate", client_request_id, body)
 
     def _child(
-        self, u: Unit, task: Task, text: str, provider: str, token_id: str | None,
+        self,
+        u: Unit,
+        task: Task,
+        text: str,
+        provider: str,
+        token_id: str | None,
         origin: dict[str, Any] | None,
     ) -> Thread:
         if provider not in self.providers:
@@ -711,8 +721,14 @@ class Commands:
             self._item_ended(u, item, status, exit_code, reason, tail)
 
     def _item_ended(
-        self, u: Unit, item: Item, status: str, exit_code: int | None, reason: str | None,
-        tail: str | None = None, trigger: str | None = None,
+        self,
+        u: Unit,
+        item: Item,
+        status: str,
+        exit_code: int | None,
+        reason: str | None,
+        tail: str | None = None,
+        trigger: str | None = None,
     ) -> None:
         background.end(item, status, u.at, exit_code, reason)
         u.save(item)
@@ -937,7 +953,9 @@ class Commands:
                 mode=mode,
                 hold=hold,
             )
-            self._child(u, record, text, provider or _default_provider(text, "script"), caller.token_id, origin)
+            self._child(
+                u, record, text, provider or _default_provider(text, "script"), caller.token_id, origin
+            )
             return task_view(record)
 
         return self._once(caller, "accept_task", task_id, body)
@@ -968,7 +986,11 @@ class Commands:
                 item = u.need(Item, item_id, "background item")
                 if item.is_running:
                     self._item_ended(
-                        u, item, ItemStatus.FAILED, None, "lost: its process was gone after a restart",
+                        u,
+                        item,
+                        ItemStatus.FAILED,
+                        None,
+                        "lost: its process was gone after a restart",
                         trigger=Trigger.RESTART,
                     )
             return restarted

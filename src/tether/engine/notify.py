@@ -9,6 +9,7 @@ missing or extra notifications cannot make a wait return a wrong answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -44,10 +45,8 @@ class Notifier:
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
                     return None
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), remaining)
-                except TimeoutError:
-                    pass
         finally:
             for key in keys:
                 self._waiters[key].discard(event)

@@ -28,8 +28,10 @@ from tether.domain.types import ItemKind
 
 log = logging.getLogger(__name__)
 
-_WRAPPER = 'echo $$ > "$2/pid"; sh -c "$1" > "$2/out" 2>&1 < /dev/null; ' \
+_WRAPPER = (
+    'echo $$ > "$2/pid"; sh -c "$1" > "$2/out" 2>&1 < /dev/null; '
     'echo $? > "$2/exit.tmp"; mv "$2/exit.tmp" "$2/exit"'
+)
 _TAIL_INTERVAL = 0.05
 _TAIL_BYTES = 4000
 
@@ -81,8 +83,10 @@ class ProcessManager:
         if pid is None:
             with contextlib.suppress(OSError, ValueError):
                 pid = int((directory / "pid").read_text())
-        if pid is not None and process_start_time(pid) is not None and (
-            item.pid_start is None or process_start_time(pid) == item.pid_start
+        if (
+            pid is not None
+            and process_start_time(pid) is not None
+            and (item.pid_start is None or process_start_time(pid) == item.pid_start)
         ):
             return "alive", pid
         code = self.exit_code(item.id)
@@ -119,10 +123,16 @@ class ProcessManager:
                     lines, offset = self._read_lines(item.id, offset, final=False)
                     if lines:
                         self._on_lines(item.id, lines, offset)
-                if deadline is not None and not exited.done() and asyncio.get_running_loop().time() >= deadline:
+                if (
+                    deadline is not None
+                    and not exited.done()
+                    and asyncio.get_running_loop().time() >= deadline
+                ):
                     self.kill(item.id, pid, "timeout")
             lines, offset = (
-                self._read_lines(item.id, offset, final=True) if item.kind == ItemKind.MONITOR else ([], offset)
+                self._read_lines(item.id, offset, final=True)
+                if item.kind == ItemKind.MONITOR
+                else ([], offset)
             )
             self._reap(pid)
             reason = self._killed.pop(item.id, None)

@@ -37,9 +37,7 @@ class Queries:
             where = {"token_id": caller.token_id} if caller.kind == "link" else {}
             found = u.query(Thread, **where)
             return [
-                thread_summary(t, self.environment_id)
-                for t in found
-                if self.commands.visible(u, caller, t)
+                thread_summary(t, self.environment_id) for t in found if self.commands.visible(u, caller, t)
             ]
 
     def messages(self, caller: Caller, thread_id: str, after: int = 0, limit: int = 100) -> dict[str, Any]:
@@ -60,7 +58,9 @@ class Queries:
         with self.commands.unit() as u:
             return task_view(self.commands.task_for(u, caller, task_id))
 
-    def tasks(self, caller: Caller, parent_thread_id: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+    def tasks(
+        self, caller: Caller, parent_thread_id: str | None = None, status: str | None = None
+    ) -> list[dict[str, Any]]:
         where: dict[str, Any] = {}
         if parent_thread_id:
             where["parent_thread_id"] = parent_thread_id
@@ -88,7 +88,9 @@ class Queries:
             return _wait_answer(u, thread, until_settled, after_run_id)
 
 
-def _wait_answer(u: Unit, thread: Thread, until_settled: bool, after_run_id: str | None) -> dict[str, Any] | None:
+def _wait_answer(
+    u: Unit, thread: Thread, until_settled: bool, after_run_id: str | None
+) -> dict[str, Any] | None:
     if after_run_id is not None:
         after = u.load(Run, after_run_id)
         if after is None or after.thread_id != thread.id:
@@ -100,7 +102,9 @@ def _wait_answer(u: Unit, thread: Thread, until_settled: bool, after_run_id: str
         return None
     if not until_settled and thread.status != "idle":
         return None
-    ended = [r for r in u.query(Run, thread_id=thread.id) if r.status not in (RunStatus.QUEUED, RunStatus.RUNNING)]
+    ended = [
+        r for r in u.query(Run, thread_id=thread.id) if r.status not in (RunStatus.QUEUED, RunStatus.RUNNING)
+    ]
     return {
         "threadId": thread.id,
         "settled": thread.settled,

@@ -39,9 +39,7 @@ class Runtime:
         self.commands = Commands(store, environment_id, frozenset(providers), self._committed)
         self.workspace = data_dir / "workspace"
         self.workspace.mkdir(parents=True, exist_ok=True)
-        self.processes = ProcessManager(
-            data_dir / "proc", self.workspace, self._lines, self._exited
-        )
+        self.processes = ProcessManager(data_dir / "proc", self.workspace, self._lines, self._exited)
         self.handlers: dict[str, OutboxHandler] = {
             "run.execute": self._execute,
             "run.stop": self._stop_run,
@@ -144,7 +142,9 @@ class Runtime:
     def _execute(self, row: OutboxRow) -> None:
         run_id = row.payload["runId"]
         if run_id not in self._turns:
-            self._turns[run_id] = asyncio.get_running_loop().create_task(self._turn(run_id), name=f"turn {run_id}")
+            self._turns[run_id] = asyncio.get_running_loop().create_task(
+                self._turn(run_id), name=f"turn {run_id}"
+            )
 
     async def _turn(self, run_id: str) -> None:
         from tether.providers.base import Turn  # the provider layer sits above the engine

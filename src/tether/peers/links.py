@@ -49,7 +49,9 @@ def check_url(url: str, insecure: bool) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Invalid(f"{url!r} is not an http(s) URL")
     if parts.scheme == "http" and not insecure and not _private(parts.hostname):
-        raise Invalid("plain http is accepted only for loopback and private addresses; use https or --insecure")
+        raise Invalid(
+            "plain http is accepted only for loopback and private addresses; use https or --insecure"
+        )
     return url.rstrip("/")
 
 
@@ -88,7 +90,8 @@ class Peer:
         self.environment_id = link.environment_id
         self.link = link
         self.http = httpx.AsyncClient(
-            base_url=link.url, headers={"Authorization": f"Bearer {link.token}"},
+            base_url=link.url,
+            headers={"Authorization": f"Bearer {link.token}"},
             timeout=httpx.Timeout(5.0, connect=1.0),
         )
         self._push = asyncio.Event()
@@ -154,7 +157,9 @@ class Peer:
             try:
                 await self._stream()
             except (httpx.TransportError, httpx.StreamError) as error:
-                self._status("unreachable", f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
+                self._status(
+                    "unreachable", f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+                )
             except TetherError as error:
                 self._status("revoked" if error.code == "link_revoked" else "error", error.message)
             except Exception as error:  # never let the follower die
@@ -201,7 +206,8 @@ class Peer:
     async def _push_pending(self) -> int:
         with self.peers.env.store.transaction() as tx:
             pending = [
-                t for t in tx.find(Task, remote_pending=["create", "cancel"])
+                t
+                for t in tx.find(Task, remote_pending=["create", "cancel"])
                 if t.child_environment_id == self.environment_id
             ]
         left = 0
@@ -225,8 +231,11 @@ class Peer:
             "title": task.title,
             "hold": task.hold,
             "mode": task.mode,
-            "origin": {"environmentId": self.peers.env.environment_id, "threadId": task.parent_thread_id,
-                       "taskId": task.id},
+            "origin": {
+                "environmentId": self.peers.env.environment_id,
+                "threadId": task.parent_thread_id,
+                "taskId": task.id,
+            },
         }
         response = await self.http.post("/api/tasks", json=body)
         if response.status_code in (200, 201):
@@ -241,7 +250,9 @@ class Peer:
             self.commands.remote_refused(task.id, _error(response).message)
 
     async def _cancel(self, task: Task) -> None:
-        response = await self.http.post(f"/api/tasks/{task.id}/cancel", json={"reason": "cancelled by origin"})
+        response = await self.http.post(
+            f"/api/tasks/{task.id}/cancel", json={"reason": "cancelled by origin"}
+        )
         if response.status_code == 401:
             raise _error(response)
         if response.status_code >= 500:
@@ -264,10 +275,14 @@ class Peer:
                     raise _error(response)
             except httpx.TransportError as error:
                 if loop.time() + delay > deadline:
-                    raise Unavailable(f"environment {self.link.name} unreachable: {error}", "unreachable") from None
+                    raise Unavailable(
+                        f"environment {self.link.name} unreachable: {error}", "unreachable"
+                    ) from None
             else:
                 if loop.time() + delay > deadline:
-                    raise Unavailable(f"environment {self.link.name} answered {response.status_code}", "unreachable")
+                    raise Unavailable(
+                        f"environment {self.link.name} answered {response.status_code}", "unreachable"
+                    )
             await asyncio.sleep(delay)
             delay = min(RETRY_MAX, delay * 2)
 
@@ -279,21 +294,36 @@ class Peer:
         self.kick()
         return view
 
-    async def thread_send(self, caller: Caller, thread_id: str, message: str, mode: str = "auto",
-                          client_request_id: str | None = None) -> dict[str, Any]:
-        body = {"text": message, "mode": mode, "origin": self._origin(caller),
-                "clientRequestId": client_request_id}
+    async def thread_send(
+        self,
+        caller: Caller,
+        thread_id: str,
+        message: str,
+        mode: str = "auto",
+        client_request_id: str | None = None,
+    ) -> dict[str, Any]:
+        body = {
+            "text": message,
+            "mode": mode,
+            "origin": self._origin(caller),
+            "clientRequestId": client_request_id,
+        }
         return await self._call("POST", f"/api/threads/{thread_id}/messages", json=body)
 
     async def thread_read(self, caller: Caller, thread_id: str, after: int, limit: int) -> dict[str, Any]:
-        return await self._call("GET", f"/api/threads/{thread_id}/messages",
-                                params={"afterPosition": after, "limit": limit})
+        return await self._call(
+            "GET", f"/api/threads/{thread_id}/messages", params={"afterPosition": after, "limit": limit}
+        )
 
     async def thread_wait(self, caller: Caller, thread_id: str, **options: Any) -> dict[str, Any]:
         params = {k: v for k, v in options.items() if v is not None}
         timeout = (options.get("timeoutMs") or 30_000) / 1000 + 5
-        return await self._call("GET", f"/api/threads/{thread_id}/wait", params=params,
-                                timeout=httpx.Timeout(timeout, connect=1.0))
+        return await self._call(
+            "GET",
+            f"/api/threads/{thread_id}/wait",
+            params=params,
+            timeout=httpx.Timeout(timeout, connect=1.0),
+        )
 
     async def thread_interrupt(self, caller: Caller, thread_id: str, stop: bool) -> dict[str, Any]:
         return await self._call("POST", f"/api/threads/{thread_id}/interrupt", json={"stop": stop})
@@ -351,7 +381,9 @@ class Peers:
             raise NotFound(f"no linked environment {ref!r}")
         return found[0]
 
-    async def add(self, url: str, token: str, label: str | None = None, insecure: bool = False) -> dict[str, Any]:
+    async def add(
+        self, url: str, token: str, label: str | None = None, insecure: bool = False
+    ) -> dict[str, Any]:
         url = check_url(url, insecure)
         async with httpx.AsyncClient(timeout=5.0) as client:
             try:

@@ -151,23 +151,33 @@ class ScriptProvider:
         command = context.render(action["bash"])
         if action.get("background"):
             item = turn.tools.start_background(
-                turn.caller, command, label=action.get("id"), awaited=bool(action.get("await")),
+                turn.caller,
+                command,
+                label=action.get("id"),
+                awaited=bool(action.get("await")),
                 timeout_ms=action.get("timeout_ms"),
             )
             if action.get("id"):
                 state["ids"][action["id"]] = item["id"]
             return
-        output, code = await _run_foreground(command, turn, action.get("timeout_ms") or _FOREGROUND_TIMEOUT_MS)
+        output, code = await _run_foreground(
+            command, turn, action.get("timeout_ms") or _FOREGROUND_TIMEOUT_MS
+        )
         context.last = {"output": output, "exit_code": code}
 
-    async def _background_wait(self, turn: Turn, action: dict, context: _Context, state: dict, key: str) -> None:
+    async def _background_wait(
+        self, turn: Turn, action: dict, context: _Context, state: dict, key: str
+    ) -> None:
         ref = action["background_wait"]
         await turn.tools.background_wait(turn.caller, id=state["ids"].get(ref, ref))
 
     async def _monitor(self, turn: Turn, action: dict, context: _Context, state: dict, key: str) -> None:
         item = await turn.tools.monitor_start(
-            turn.caller, command=context.render(action["monitor"]),
-            persistent=bool(action.get("persistent")), timeoutMs=action.get("timeout_ms"), id=action.get("id"),
+            turn.caller,
+            command=context.render(action["monitor"]),
+            persistent=bool(action.get("persistent")),
+            timeoutMs=action.get("timeout_ms"),
+            id=action.get("id"),
         )
         if action.get("id"):
             state["ids"][action["id"]] = item["id"]
@@ -175,7 +185,9 @@ class ScriptProvider:
     async def _schedule(self, turn: Turn, action: dict, context: _Context, state: dict, key: str) -> None:
         spec = action["schedule"]
         await turn.tools.schedule_wake(
-            turn.caller, inMs=int(spec.get("in_ms", 0)), text=context.render(spec.get("text", "")),
+            turn.caller,
+            inMs=int(spec.get("in_ms", 0)),
+            text=context.render(spec.get("text", "")),
             hold=bool(spec.get("hold", False)),
         )
 
@@ -212,8 +224,11 @@ class ScriptProvider:
             view = await turn.tools.task_status(turn.caller, taskId=state["ids"].get(ref, ref))
             thread, environment = view["childThreadId"], environment or view["childEnvironmentId"]
         await turn.tools.thread_send(
-            turn.caller, threadId=thread, environmentId=environment,
-            message=context.render(spec.get("text", "")), clientRequestId=key,
+            turn.caller,
+            threadId=thread,
+            environmentId=environment,
+            message=context.render(spec.get("text", "")),
+            clientRequestId=key,
         )
 
     async def _sleep_ms(self, turn: Turn, action: dict, context: _Context, state: dict, key: str) -> None:
@@ -232,8 +247,13 @@ def _remember(context: _Context, view: dict[str, Any], ref: str | None) -> None:
 
 async def _run_foreground(command: str, turn: Turn, timeout_ms: int) -> tuple[str, int]:
     process = await asyncio.create_subprocess_exec(
-        "/bin/sh", "-c", command, cwd=turn.workspace,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        "/bin/sh",
+        "-c",
+        command,
+        cwd=turn.workspace,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
     )
     try:

@@ -41,8 +41,14 @@ TABLES: dict[type[Record], Table] = {
     Task: Table(
         "tasks",
         "id",
-        ("parent_thread_id", "child_thread_id", "status", "follow_up_of", "parent_environment_id",
-         "remote_pending"),
+        (
+            "parent_thread_id",
+            "child_thread_id",
+            "status",
+            "follow_up_of",
+            "parent_environment_id",
+            "remote_pending",
+        ),
         "rowid",
     ),
     Token: Table("tokens", "id", ("hash", "kind", "thread_id"), "rowid"),
@@ -127,9 +133,7 @@ class Store(ABC):
         """A read-write transaction: commits on normal exit, rolls back on an exception."""
 
     @abstractmethod
-    def events_after(
-        self, seq: int, limit: int = 500, token_id: str | None = None
-    ) -> list[Event]:
+    def events_after(self, seq: int, limit: int = 500, token_id: str | None = None) -> list[Event]:
         """Stored events after ``seq`` in store order (only the fence's, given a token)."""
 
     @abstractmethod

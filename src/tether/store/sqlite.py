@@ -46,9 +46,7 @@ class _SQLiteTransaction(Transaction):
 
     def get(self, cls: type[R], key: str) -> R | None:
         table = TABLES[cls]
-        row = self._conn.execute(
-            f"SELECT data FROM {table.name} WHERE {table.key} = ?", (key,)
-        ).fetchone()
+        row = self._conn.execute(f"SELECT data FROM {table.name} WHERE {table.key} = ?", (key,)).fetchone()
         return cls.from_dict(json.loads(row[0])) if row else None
 
     def find(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
@@ -98,9 +96,7 @@ class _SQLiteTransaction(Transaction):
         return int(cursor.lastrowid or 0)
 
     def outbox(self, limit: int = 100) -> list[OutboxRow]:
-        rows = self._conn.execute(
-            "SELECT id, kind, payload FROM outbox ORDER BY id LIMIT ?", (limit,)
-        )
+        rows = self._conn.execute("SELECT id, kind, payload FROM outbox ORDER BY id LIMIT ?", (limit,))
         return [OutboxRow(row[0], row[1], json.loads(row[2])) for row in rows]
 
     def remove_outbox(self, row_id: int) -> None:

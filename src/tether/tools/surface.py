@@ -72,13 +72,23 @@ class Tools:
         timeout = _timeout(timeoutMs)
         if self._is_local(target.get("environmentId")):
             view = self.commands.delegate(
-                caller, text, provider=provider, mode=mode, hold=hold, title=title,
+                caller,
+                text,
+                provider=provider,
+                mode=mode,
+                hold=hold,
+                title=title,
                 client_request_id=clientRequestId,
             )
         else:
             peer = self._peer(target.get("environmentId"))
             view = await peer.delegate(
-                caller, text, provider=provider, mode=mode, hold=hold, title=title,
+                caller,
+                text,
+                provider=provider,
+                mode=mode,
+                hold=hold,
+                title=title,
                 client_request_id=clientRequestId,
             )
         if mode != "wait":
@@ -180,7 +190,11 @@ class Tools:
     # ------------------------------------------------------------------ background work
 
     def start_background(
-        self, caller: Caller, command: str, label: str | None = None, awaited: bool = False,
+        self,
+        caller: Caller,
+        command: str,
+        label: str | None = None,
+        awaited: bool = False,
         timeout_ms: int | None = None,
     ) -> dict[str, Any]:
         """A background command (providers' built-in ``bash`` with ``background``)."""

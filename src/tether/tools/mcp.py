@@ -1,0 +1,173 @@
+"""The agent tool surface over MCP (streamable HTTP at exactly ``/mcp``), with the official
+``mcp`` SDK.
+
+Each MCP tool is generated from the method of the same name on
+:class:`~tether.tools.surface.Tools` — its parameters, types and defaults — so the API,
+the built-in providers and MCP share one implementation and cannot drift apart. What is
+written here is only what a model needs to read: the descriptions.
+
+Identity comes from the request's bearer token on every call (admin token, link token, or
+a per-thread credential), never from the MCP session: sessions vanish on restart,
+identities do not.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import CallToolResult, TextContent
+from pydantic import Field
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tether.api.errors import error_response
+from tether.errors import TetherError, Unauthorized
+from tether.tools.surface import Tools
+
+if TYPE_CHECKING:
+    from tether.environment import Environment
+
+DESCRIPTIONS: dict[str, str] = {
+    "delegate_task": (
+        "Hand a task to a new child agent thread, here or in a linked environment. "
+        "mode 'async' returns at once with the taskId; the child's answer comes back to you as a "
+        "completion wake (a new turn) when the child has settled — do not poll for it. "
+        "mode 'wait' blocks up to timeoutMs and returns the result; on timeout you get "
+        "{taskId, status, timedOut: true} and the wake still comes later: never delegate the same "
+        "work again. Later answers of the child arrive as follow-up tasks with their own wakes."
+    ),
+    "task_status": "Read a delegated task: status, workState, interim reply, result, progress, follow-ups.",
+    "task_cancel": (
+        "Cancel a delegated task: the child's run is interrupted, its background work is stopped and "
+        "its own delegated tasks are cancelled. You are not woken for a task you cancel yourself."
+    ),
+    "thread_wait": (
+        "Block until a thread is idle (or settled, with untilSettled) or timeoutMs passes. Prefer the "
+        "completion wake over waiting on your own children."
+    ),
+    "thread_send": (
+        "Send a message to a thread (here or in a linked environment). Sent to your own child after its "
+        "task completed, it opens a follow-up task: the child's next answer wakes you."
+    ),
+    "thread_read": "Read a thread's messages after a position (oldest first).",
+    "thread_interrupt": "Stop a thread's running turn; with stop, also its queued turns and background work.",
+    "thread_list": "List the threads you can see in this or a linked environment.",
+    "background_wait": (
+        "Mark one of your background commands as awaited: you stay unsettled (your task does not "
+        "complete) until it ends, and its end wakes you."
+    ),
+    "monitor_start": (
+        "Run a command whose output lines wake you (progress turns) and whose end wakes you once more. "
+        "A non-persistent monitor keeps your task open until it ends; a persistent one does not."
+    ),
+    "schedule_wake": "Wake yourself after inMs milliseconds with text. With hold, your task stays open until then.",
+    "environment_links": "This environment's id and name, and the environments it links to.",
+}
+
+PARAMETERS: dict[str, str] = {
+    "task": "What the child should do: text, or a script object for the script provider.",
+    "target": "Where to run the child: {environmentId (id or name of a linked environment), provider, model}.",
+    "mode": "'async' (default: returns at once) or 'wait' (blocks until done or timeoutMs).",
+    "timeoutMs": "Upper bound of the wait, in milliseconds.",
+    "hold": "Keep yourself unsettled until this finishes (default true for tasks, false for wakes).",
+    "title": "A short title shown in lists and in the completion wake.",
+    "clientRequestId": "Idempotency key: repeating a call with the same key returns the first outcome.",
+    "taskId": "The task id (tsk_…).",
+    "reason": "Why, shown to the people watching.",
+    "threadId": "The thread id (thr_…).",
+    "environmentId": "A linked environment's id or name; leave out for this environment.",
+    "untilSettled": "Wait for settled (no held background work either), not just idle.",
+    "afterRunId": "Also wait until this run and every run before it have ended.",
+    "message": "The message text.",
+    "afterPosition": "Only messages after this position.",
+    "limit": "At most this many messages.",
+    "stop": "Also cancel queued turns and all background work.",
+    "id": "The background command's id or label.",
+    "command": "The shell command (runs in the environment's workspace).",
+    "persistent": "A persistent monitor does not keep your task open.",
+    "inMs": "Milliseconds from now.",
+    "text": "The text you will be woken with.",
+}
+
+
+def _tool(tools: Tools, name: str, authenticate: Callable[[str | None], Any]) -> Callable[..., Any]:
+    """An MCP tool function with the signature of ``Tools.<name>`` minus the caller."""
+    method = getattr(tools, name)
+    signature = inspect.signature(method, eval_str=True)
+    parameters = [
+        p.replace(annotation=Annotated[p.annotation, Field(description=PARAMETERS.get(p.name, p.name))])
+        for p in signature.parameters.values()
+        if p.name != "caller"
+    ]
+    parameters.append(inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context))
+
+    async def call(ctx: Context, **arguments: Any) -> dict[str, Any] | CallToolResult:
+        headers = ctx.headers or {}
+        scheme, _, token = (headers.get("authorization") or "").partition(" ")
+        try:
+            caller = authenticate(token.strip() if scheme.lower() == "bearer" else None)
+            return await method(caller, **arguments)
+        except TetherError as error:
+            failure = error.to_dict()
+            return CallToolResult(  # type: ignore[return-value]
+                content=[TextContent(type="text", text=json.dumps(failure))],
+                structured_content=failure,
+                is_error=True,
+            )
+
+    call.__name__ = name
+    call.__signature__ = inspect.Signature(parameters, return_annotation=dict[str, Any])  # type: ignore[attr-defined]
+    return call
+
+
+class _Guard:
+    """Refuse a missing or bad token with 401 before the MCP transport sees the request.
+
+    A class, not a function: Starlette's ``Route`` treats a plain function as a
+    request-response endpoint, and an instance as a raw ASGI app.
+    """
+
+    def __init__(self, env: Environment, inner: ASGIApp) -> None:
+        self.env = env
+        self.inner = inner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope.get("headers") or [])
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        try:
+            self.env.authenticate(token.strip() if scheme.lower() == "bearer" else None)
+        except Unauthorized as error:
+            await error_response(401, error.code, error.message)(scope, receive, send)
+            return
+        await self.inner(scope, receive, send)
+
+
+def build(env: Environment) -> tuple[ASGIApp, Callable[[], Any]]:
+    """The ``/mcp`` ASGI app (refusing a missing or bad token with 401) and its lifespan."""
+    server = MCPServer(
+        name="tether",
+        version="1",
+        instructions=(
+            "tether runs agent threads and delegates work between them. Delegated answers come back to you "
+            "as completion wakes: do not poll."
+        ),
+    )
+    for name, description in DESCRIPTIONS.items():
+        server.add_tool(_tool(env.tools, name, env.authenticate), name=name, description=description)
+    inner = server.streamable_http_app(
+        streamable_http_path="/mcp",
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+    manager = server._lowlevel_server._session_manager  # the app's lifespan runs only when mounted as root
+
+    @asynccontextmanager
+    async def lifespan() -> AsyncIterator[None]:
+        async with manager.run():
+            yield
+
+    return _Guard(env, inner), lifespan
