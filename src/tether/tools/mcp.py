@@ -65,13 +65,15 @@ DESCRIPTIONS: dict[str, str] = {
         "Run a command whose output lines wake you (progress turns) and whose end wakes you once more. "
         "A non-persistent monitor keeps your task open until it ends; a persistent one does not."
     ),
-    "schedule_wake": "Wake yourself after inMs milliseconds with text. With hold, your task stays open until then.",
+    "schedule_wake": (
+        "Wake yourself after inMs milliseconds with text. With hold, your task stays open until then."
+    ),
     "environment_links": "This environment's id and name, and the environments it links to.",
 }
 
 PARAMETERS: dict[str, str] = {
     "task": "What the child should do: text, or a script object for the script provider.",
-    "target": "Where to run the child: {environmentId (id or name of a linked environment), provider, model}.",
+    "target": "Where to run the child: {environmentId (a linked environment's id or name), provider, model}.",
     "mode": "'async' (default: returns at once) or 'wait' (blocks until done or timeoutMs).",
     "timeoutMs": "Upper bound of the wait, in milliseconds.",
     "hold": "Keep yourself unsettled until this finishes (default true for tasks, false for wakes).",
