@@ -90,6 +90,25 @@ def demo(
         raise typer.Exit(1)
 
 
+@app.command()
+def providers(
+    data: Path = typer.Option(Path("./tether-data"), "--data", help="Data directory (its config.toml)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """List providers and whether each is usable here (and why not)."""
+    from tether.config import load_config
+    from tether.providers import load_providers, usability
+
+    rows = usability(load_providers(load_config(data)))
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("provider", "usable", "why not")
+    for row in rows:
+        table.add_row(row["provider"], "yes" if row["usable"] else "[red]no[/red]", row["reason"] or "")
+    out.print(table)
+
+
 # ---------------------------------------------------------------------- threads
 
 

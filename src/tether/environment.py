@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from tether import __version__
+from tether.config import load_config
 from tether.domain.records import Thread, Token
 from tether.engine.runtime import Runtime
 from tether.errors import NotFound, Unauthorized
 from tether.ids import format_time, new_id, now
 from tether.peers import Peers
-from tether.providers import Provider, default_providers
+from tether.providers import Provider, load_providers
 from tether.store.sqlite import SQLiteStore
 from tether.tools.surface import Tools
 from tether.types import ADMIN, Caller
@@ -36,6 +37,7 @@ class Environment:
     ) -> None:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
+        self.config = load_config(data_dir)
         self.store = SQLiteStore(data_dir / "tether.db")
         with self.store.transaction() as tx:
             environment_id = tx.get_meta("environment_id")
@@ -47,7 +49,7 @@ class Environment:
             self.name = tx.get_meta("name") or data_dir.resolve().name
         self.environment_id = environment_id
         self.admin_token = self._admin_token()
-        self.runtime = Runtime(self.store, environment_id, data_dir, providers or default_providers())
+        self.runtime = Runtime(self.store, environment_id, data_dir, providers or load_providers(self.config))
         self.tools = Tools(self.runtime, self.name)
         self.runtime.tools = self.tools
         self.commands = self.runtime.commands

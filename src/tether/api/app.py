@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.routing import Route
 
 from tether import __version__
 from tether.api import errors, events, links, tasks, threads
+from tether.api.auth import caller
 from tether.api.limits import BodyLimit
 from tether.environment import Environment
+from tether.providers import usability
 from tether.tools import mcp
+from tether.types import Caller
 
 
 def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
@@ -42,6 +45,10 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
     @app.get("/api/health", tags=["environment"])
     async def health() -> dict[str, Any]:
         return env.health()
+
+    @app.get("/api/providers", tags=["environment"])
+    async def providers(who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:
+        return {"providers": usability(env.runtime.providers)}
 
     app.include_router(threads.router)
     app.include_router(tasks.router)

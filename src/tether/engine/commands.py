@@ -14,7 +14,7 @@ are outbox rows; :mod:`tether.engine.runtime` carries them out after the commit.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -52,12 +52,15 @@ class Commands:
         self,
         store: Store,
         environment_id: str,
-        providers: frozenset[str] = frozenset({"script"}),
+        providers: Mapping[str, Any] | Iterable[str] = ("script",),
         on_commit: Callable[[set[str]], None] | None = None,
     ) -> None:
         self.store = store
         self.environment_id = environment_id
-        self.providers = providers
+        #: name -> provider; only ``check()`` is used here, to refuse an unusable one early.
+        self.providers: Mapping[str, Any] = (
+            providers if isinstance(providers, Mapping) else dict.fromkeys(providers)
+        )
         self._on_commit = on_commit
 
     # ------------------------------------------------------------------ plumbing
@@ -125,9 +128,7 @@ class Commands:
         message: str | None = None,
         client_request_id: str | None = None,
     ) -> dict[str, Any]:
-        if provider not in self.providers:
-            known = ", ".join(sorted(self.providers))
-            raise Invalid(f"unknown provider {provider!r}; this environment has: {known}")
+        self.check_provider(provider)
 
         def body(u: Unit) -> dict[str, Any]:
             thread = self._new_thread(u, provider, title, token_id=caller.token_id)
@@ -138,6 +139,14 @@ class Commands:
             return {"threadId": thread.id, "runId": run_id}
 
         return self._once(caller, "create_thread", client_request_id, body)
+
+    def check_provider(self, name: str) -> None:
+        if name not in self.providers:
+            known = ", ".join(sorted(self.providers))
+            raise Invalid(f"unknown provider {name!r}; this environment has: {known}")
+        problem = getattr(self.providers[name], "check", lambda: None)()
+        if problem:
+            raise Invalid(f"provider {name!r} is not usable here: {problem}")
 
     def _new_thread(
         self,
@@ -562,8 +571,7 @@ class Commands:
         token_id: str | None,
         origin: dict[str, Any] | None,
     ) -> Thread:
-        if provider not in self.providers:
-            raise Invalid(f"unknown provider {provider!r}")
+        self.check_provider(provider)
         parent = {
             "environmentId": task.parent_environment_id,
             "threadId": task.parent_thread_id,
@@ -670,8 +678,15 @@ class Commands:
         awaited: bool = False,
         persistent: bool = False,
         timeout_ms: int | None = None,
+        spawn: bool = True,
     ) -> dict[str, Any]:
-        """A background command or a monitor; the runtime spawns it after commit."""
+        """A background command or a monitor; the runtime spawns it after commit.
+
+        With ``spawn=False`` the item is work an agent runs itself (Claude Code's background
+        Bash or Monitor): tether spawns nothing, but the item counts for settled like any
+        other, and the provider reports lines and the end through ``monitor_output`` and
+        ``process_ended`` — the end and its wake run in one transaction, as always (G2).
+        """
         if not command.strip():
             raise Invalid("command must not be empty")
         with self.unit() as u:
@@ -689,7 +704,8 @@ class Commands:
             )
             u.save(item)
             u.emit("item.started", item_view(item), thread_id=thread.id)
-            u.tx.add_outbox("process.start", {"itemId": item.id})
+            if spawn:
+                u.tx.add_outbox("process.start", {"itemId": item.id})
             u.mark(thread.id)
             return item_view(item)
 

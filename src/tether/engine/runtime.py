@@ -36,7 +36,7 @@ class Runtime:
         self.environment_id = environment_id
         self.providers = providers
         self.notifier = Notifier()
-        self.commands = Commands(store, environment_id, frozenset(providers), self._committed)
+        self.commands = Commands(store, environment_id, providers, self._committed)
         self.workspace = data_dir / "workspace"
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.processes = ProcessManager(data_dir / "proc", self.workspace, self._lines, self._exited)
@@ -95,6 +95,9 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.processes.close()
+        for provider in self.providers.values():
+            with contextlib.suppress(Exception):
+                await provider.close()
 
     def add_handler(self, kind: str, handler: OutboxHandler) -> None:
         self.handlers[kind] = handler

@@ -50,7 +50,15 @@ class Turn:
 class Provider(Protocol):
     name: str
 
+    def check(self) -> str | None:
+        """None when this provider can run here; otherwise why not (shown to users)."""
+        ...
+
     async def run_turn(self, turn: Turn) -> str | None:
         """Carry out the turn; return the run's reply (None: no reply). Raising fails the run
         with the exception's message."""
+        ...
+
+    async def close(self) -> None:
+        """Release sessions and processes (the environment is shutting down)."""
         ...

@@ -117,7 +117,18 @@ class _Context:
 
 
 class ScriptProvider:
+    """Needs nothing: always usable."""
+
     name = "script"
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config = config or {}
+
+    def check(self) -> str | None:
+        return None
+
+    async def close(self) -> None:
+        return None
 
     async def run_turn(self, turn: Turn) -> str | None:
         if turn.first is None:

@@ -1,0 +1,47 @@
+"""``DATA/config.toml``: providers, models and defaults of one environment.
+
+Everything is optional; an environment without the file runs the ``script`` provider.
+
+```toml
+[providers.openai]            # any OpenAI-compatible chat-completions endpoint
+base_url = "http://127.0.0.1:11434/v1"
+model = "qwen2.5-coder"
+api_key_env = "OPENAI_API_KEY"
+
+[providers.claude]            # Claude Code through claude-agent-sdk
+cli_path = "claude"           # or the path of the executable
+model = "sonnet"
+
+[providers.codex]             # codex exec --json
+executable = "codex"
+model = "gpt-5-codex"
+
+[events]
+retention_days = 7
+```
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from tether.errors import Invalid
+
+
+def load_config(data_dir: Path) -> dict[str, Any]:
+    path = data_dir / "config.toml"
+    if not path.exists():
+        return {}
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise Invalid(f"{path}: {error}") from None
+
+
+def section(config: dict[str, Any], *names: str) -> dict[str, Any]:
+    value: Any = config
+    for name in names:
+        value = value.get(name, {}) if isinstance(value, dict) else {}
+    return value if isinstance(value, dict) else {}
