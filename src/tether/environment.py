@@ -52,6 +52,9 @@ class Environment:
         self.runtime = Runtime(self.store, environment_id, data_dir, providers or load_providers(self.config))
         self.tools = Tools(self.runtime, self.name)
         self.runtime.tools = self.tools
+        self.runtime.environment = self
+        #: Where this environment's API and ``/mcp`` answer (set by ``tether serve``).
+        self.base_url: str | None = None
         self.commands = self.runtime.commands
         self.queries = self.tools.queries
         self.peers = Peers(self)

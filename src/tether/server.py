@@ -15,6 +15,7 @@ from tether.environment import Environment
 
 async def serve(data: Path, port: int, host: str = "127.0.0.1", name: str | None = None) -> None:
     env = Environment(data, name)  # writes admin.token before we listen
+    env.base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
     app = create_app(env)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=2

@@ -53,8 +53,10 @@ class Runtime:
         self._timer_wakeup = asyncio.Event()
         self._timer_task: asyncio.Task[None] | None = None
         self._started = False
-        #: Set by the tool surface (it needs the runtime, the runtime hands it to turns).
+        #: Set by the environment: the tool surface (handed to turns) and the environment
+        #: itself (providers that run agents out of process mint thread credentials with it).
         self.tools: Any = None
+        self.environment: Any = None
 
     # ------------------------------------------------------------------ lifecycle
 
