@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tether import __version__
-from tether.config import load_config
+from tether.config import load_config, section
 from tether.domain.records import Thread, Token
 from tether.engine.runtime import Runtime
 from tether.errors import NotFound, Unauthorized
@@ -49,7 +49,13 @@ class Environment:
             self.name = tx.get_meta("name") or data_dir.resolve().name
         self.environment_id = environment_id
         self.admin_token = self._admin_token()
-        self.runtime = Runtime(self.store, environment_id, data_dir, providers or load_providers(self.config))
+        self.runtime = Runtime(
+            self.store,
+            environment_id,
+            data_dir,
+            providers or load_providers(self.config),
+            retention_days=float(section(self.config, "events").get("retention_days", 7)),
+        )
         self.tools = Tools(self.runtime, self.name)
         self.runtime.tools = self.tools
         self.runtime.environment = self
@@ -114,6 +120,11 @@ class Environment:
                 raise NotFound(f"no thread with id {thread_id!r}")
             tx.put(record)
         return record, secret
+
+    def token_active(self, token_id: str) -> bool:
+        with self.store.transaction() as tx:
+            record = tx.get(Token, token_id)
+        return record is not None and not record.revoked
 
     def acknowledge(self, token_id: str, seq: int) -> None:
         """A peer read its feed from ``seq``: everything up to it has reached it (G7)."""

@@ -72,6 +72,8 @@ async def events(
         nonlocal cursor
         yield ": tether event feed\n\n"
         while not await request.is_disconnected():
+            if token is not None and who.kind == "link" and not env.token_active(token):
+                return  # revoked: the stream ends now, and the reconnect gets 401
             top = env.store.last_event_seq()
             batch = env.store.events_after(cursor, 500, token)
             for event in batch:

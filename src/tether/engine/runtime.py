@@ -31,7 +31,14 @@ OutboxHandler = Callable[[OutboxRow], Awaitable[None] | None]
 
 
 class Runtime:
-    def __init__(self, store: Store, environment_id: str, data_dir: Path, providers: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        environment_id: str,
+        data_dir: Path,
+        providers: dict[str, Any],
+        retention_days: float = 7.0,
+    ) -> None:
         self.store = store
         self.environment_id = environment_id
         self.providers = providers
@@ -53,6 +60,8 @@ class Runtime:
         self._timer_wakeup = asyncio.Event()
         self._timer_task: asyncio.Task[None] | None = None
         self._started = False
+        self._retention = timedelta(days=retention_days)
+        self._housekeeping: asyncio.Task[None] | None = None
         #: Set by the environment: the tool surface (handed to turns) and the environment
         #: itself (providers that run agents out of process mint thread credentials with it).
         self.tools: Any = None
@@ -83,6 +92,7 @@ class Runtime:
         for item, pid in adopt:
             self.processes.watch(item, pid)
         self._timer_task = asyncio.create_task(self._timers(), name="timers")
+        self._housekeeping = asyncio.create_task(self._prune(), name="prune events")
         self._kick()
         if self._drain_task is not None:
             await asyncio.shield(self._drain_task)
@@ -90,7 +100,8 @@ class Runtime:
     async def close(self) -> None:
         """Stop our own tasks. Runs left running are marked interrupted at the next start."""
         self._started = False
-        tasks = [t for t in (self._timer_task, self._drain_task, *self._turns.values()) if t]
+        own = (self._timer_task, self._housekeeping, self._drain_task, *self._turns.values())
+        tasks = [t for t in own if t]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -217,6 +228,15 @@ class Runtime:
         self, item_id: str, code: int | None, lines: list[str], offset: int, reason: str | None, tail: str
     ) -> None:
         self.commands.process_ended(item_id, code, lines, offset, reason, tail)
+
+    # ------------------------------------------------------------------ retention (G7)
+
+    async def _prune(self) -> None:
+        """Drop events past the retention period, hourly. Until then a peer that was away
+        can resume its feed from any cursor it acknowledged."""
+        while True:
+            self.store.prune_events(format_time(datetime.now(UTC) - self._retention))
+            await asyncio.sleep(3600)
 
     # ------------------------------------------------------------------ timers
 
