@@ -9,7 +9,7 @@ from tether.domain.types import ACTIVE_RUN, RunStatus
 from tether.domain.views import item_view, message_view, run_view, task_view, thread_summary
 from tether.engine.commands import Commands
 from tether.engine.unit import Unit
-from tether.errors import Invalid
+from tether.errors import Invalid, NotFound
 from tether.types import Caller
 
 
@@ -71,7 +71,7 @@ class Queries:
             for task in u.query(Task, **where):
                 try:
                     found.append(task_view(self.commands.task_for(u, caller, task.id)))
-                except Exception:  # not visible to this caller
+                except NotFound:  # not visible to this caller
                     continue
             return found
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -257,6 +259,8 @@ def _remember(context: _Context, view: dict[str, Any], ref: str | None) -> None:
 
 
 async def _run_foreground(command: str, turn: Turn, timeout_ms: int) -> tuple[str, int]:
+    """Run a foreground command; on timeout it is killed and reports exit code 124, as
+    ``timeout(1)`` does, so a script can react instead of failing its run."""
     process = await asyncio.create_subprocess_exec(
         "/bin/sh",
         "-c",
@@ -269,9 +273,12 @@ async def _run_foreground(command: str, turn: Turn, timeout_ms: int) -> tuple[st
     )
     try:
         out, _ = await asyncio.wait_for(process.communicate(), timeout_ms / 1000)
-    except (TimeoutError, asyncio.CancelledError):
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
-        raise
-    return out.decode("utf-8", "replace").rstrip("\n"), process.returncode or 0
+        code = process.returncode or 0
+    except TimeoutError:
+        out, code = b"(timed out)", 124
+    finally:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+    return out.decode("utf-8", "replace").rstrip("\n"), code

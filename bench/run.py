@@ -1,0 +1,306 @@
+"""tether benchmarks (SPEC §9). One command: ``.venv/bin/python bench/run.py [--quick]``.
+
+Each figure is the median over repeated runs, next to a baseline measured in the same run,
+and written to ``bench/results/latest.json``. Timings here are reports, never pass/fail.
+
+- store:   appends/s through the store interface vs raw sqlite3 inserts, same mode
+           (WAL, synchronous=NORMAL, one transaction per append).
+- latency: child run end -> parent wake run start, local and linked over loopback
+           (p50, p99); baseline: a loopback HTTP round trip with the same client.
+- fanout:  one parent, N async tasks (half remote), each with a background wake;
+           tasks/s end to end, all delivered exactly once; baseline: raw sqlite3
+           inserts of the same number of events.
+- restart: start-up time with N open tasks until the server answers (recovery done).
+- memory:  server RSS per idle thread and per open task, at 100 and at the full size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tether.domain.records import Task, Thread
+from tether.ids import millis_between, new_id, now
+from tether.launch import Server, follow_events
+from tether.store.sqlite import SQLiteStore
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def median(values: list[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * p))], 3)
+
+
+# ---------------------------------------------------------------------- store
+
+
+def bench_store(n: int, repeats: int) -> dict[str, Any]:
+    ours, raw = [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        for r in range(repeats):
+            store = SQLiteStore(Path(scratch) / f"s{r}.db")
+            start = time.perf_counter()
+            for i in range(n):
+                with store.transaction() as tx:
+                    tx.append_event("bench.event", {"i": i, "text": "x" * 64}, thread_id="thr_bench")
+            ours.append(n / (time.perf_counter() - start))
+            store.close()
+            conn = sqlite3.connect(Path(scratch) / f"r{r}.db", isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(
+                "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, type TEXT, at TEXT, "
+                "thread_id TEXT, data TEXT)"
+            )
+            start = time.perf_counter()
+            for i in range(n):
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(
+                    "INSERT INTO events (type, at, thread_id, data) VALUES (?, ?, ?, ?)",
+                    ("bench.event", now(), "thr_bench", json.dumps({"i": i, "text": "x" * 64})),
+                )
+                conn.execute("COMMIT")
+            raw.append(n / (time.perf_counter() - start))
+            conn.close()
+    return {
+        "appendsPerSecond": median(ours),
+        "rawInsertsPerSecond": median(raw),
+        "ratioRawOverOurs": round(median(raw) / median(ours), 2),
+        "n": n,
+        "repeats": repeats,
+    }
+
+
+# ---------------------------------------------------------------------- servers
+
+
+def _script(rules: list[dict[str, Any]]) -> str:
+    return json.dumps({"tether_script": 1, "rules": rules})
+
+
+def _start_pair(root: Path) -> tuple[Server, Server]:
+    origin, peer = Server(root / "origin", "origin").start(), Server(root / "peer", "peer").start()
+    with peer.client() as client:
+        token = client.post("/api/link-tokens", json={"label": "bench"}).json()["token"]
+    with origin.client() as client:
+        client.post("/api/links", json={"url": peer.url, "token": token}).raise_for_status()
+    return origin, peer
+
+
+def _wait_delivered(server: Server, parent_id: str, expected: int, timeout: float) -> list[dict[str, Any]]:
+    with server.client() as client:
+
+        def check() -> list[dict[str, Any]] | None:
+            tasks = client.get("/api/tasks", params={"parentThreadId": parent_id}).json()["tasks"]
+            done = [
+                t
+                for t in tasks
+                if t["delivery"]["state"] in ("delivered", "acknowledged")
+                and (t["result"] or {}).get("text") == "FINAL"
+            ]
+            return tasks if len(done) >= expected else None
+
+        return follow_events(server.url, server.token, check, timeout) or []
+
+
+def bench_latency(root: Path, n: int) -> dict[str, Any]:
+    """Each of n children replies FINAL at once; latency = its run's end -> parent's wake start."""
+    origin, peer = _start_pair(root)
+    try:
+        out: dict[str, Any] = {}
+        with origin.client() as client:
+            rtts = []
+            for _ in range(max(50, n)):
+                start = time.perf_counter()
+                client.get("/api/health")
+                rtts.append((time.perf_counter() - start) * 1000)
+            out["baselineHttpRoundTripMs"] = {"p50": median(rtts), "p99": percentile(rtts, 0.99)}
+        child = {"tether_script": 1, "rules": [{"on": "start", "do": [{"reply": "FINAL"}]}]}
+        for where, env in (("local", None), ("linked", "peer")):
+            samples = []
+            for _ in range(n):
+                delegate = {"task": child, "id": "c"} | ({"environment": env} if env else {})
+                script = _script(
+                    [
+                        {"on": "start", "do": [{"delegate": delegate}]},
+                        {"on": "delegated_task", "do": [{"reply": "ok"}]},
+                    ]
+                )
+                with origin.client() as client:
+                    parent = client.post(
+                        "/api/threads", json={"provider": "script", "message": script}
+                    ).json()
+                tasks = _wait_delivered(origin, parent["threadId"], 1, 30)
+                task = tasks[0]
+                with (peer if env else origin).client() as client:
+                    runs = client.get(f"/api/threads/{task['childThreadId']}").json()["runs"]
+                with origin.client() as client:
+                    pruns = client.get(f"/api/threads/{parent['threadId']}").json()["runs"]
+                answer = next(r for r in runs if r["runId"] == task["result"]["runId"])
+                wake = next(r for r in pruns if r["runId"] == task["delivery"]["wakeRunId"])
+                samples.append(millis_between(answer["endedAt"], wake["startedAt"]))
+            out[where] = {"p50": median(samples), "p99": percentile(samples, 0.99), "n": n}
+        return out
+    finally:
+        origin.stop()
+        peer.stop()
+
+
+def bench_fanout(root: Path, n: int) -> dict[str, Any]:
+    origin, peer = _start_pair(root)
+    child = {
+        "tether_script": 1,
+        "rules": [
+            {
+                "on": "start",
+                "do": [{"bash": "true", "background": True, "await": True, "id": "b"}, {"reply": "WAITING"}],
+            },
+            {"on": "background_command", "do": [{"reply": "FINAL"}]},
+        ],
+    }
+    actions = [
+        {"delegate": {"task": child, "id": f"c{i}"} | ({"environment": "peer"} if i % 2 else {})}
+        for i in range(n)
+    ]
+    script = _script([{"on": "start", "do": actions}, {"on": "delegated_task", "repeat": True, "do": []}])
+    try:
+        start = time.perf_counter()
+        with origin.client() as client:
+            parent = client.post("/api/threads", json={"provider": "script", "message": script}).json()
+        tasks = _wait_delivered(origin, parent["threadId"], n, 600)
+        elapsed = time.perf_counter() - start
+        with origin.client() as client:
+            view = client.get(f"/api/threads/{parent['threadId']}").json()
+        wake_texts = [m["text"] for m in view["messages"] if m["role"] == "notification"]
+        finals = sum(text.count("FINAL") for text in wake_texts)
+        raw = _raw_inserts(root / "raw.db", n * 40)  # about 40 events per delegated task
+        return {
+            "tasks": n,
+            "seconds": round(elapsed, 2),
+            "tasksPerSecond": round(n / elapsed, 1),
+            "deliveredExactlyOnce": finals == n and len(tasks) == n,
+            "baselineRawInsertsSeconds": round(raw, 3),
+        }
+    finally:
+        origin.stop()
+        peer.stop()
+
+
+def _raw_inserts(path: Path, n: int) -> float:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("CREATE TABLE events (seq INTEGER PRIMARY KEY, data TEXT)")
+    start = time.perf_counter()
+    for i in range(n):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO events (data) VALUES (?)", (json.dumps({"i": i}),))
+        conn.execute("COMMIT")
+    conn.close()
+    return time.perf_counter() - start
+
+
+def _seed_open_tasks(data: Path, n: int) -> None:
+    """n open tasks, each with its child thread, written straight into a new store."""
+    store = SQLiteStore(data / "tether.db")
+    with store.transaction() as tx:
+        env = tx.get_meta("environment_id") or new_id("env")
+        tx.set_meta("environment_id", env)
+        parent = Thread(new_id("thr"), "script", now())
+        tx.put(parent)
+        for _ in range(n):
+            task = Task(new_id("tsk"), env, parent.id, env, new_id("thr"), now(), status="running")
+            tx.put(Thread(task.child_thread_id, "script", now(), root_task_id=task.id, open_task_id=task.id))
+            tx.put(task)
+    store.close()
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def bench_restart_and_memory(root: Path, sizes: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for n in sizes:
+        data = root / f"restart-{n}"
+        data.mkdir(parents=True)
+        _seed_open_tasks(data, n)
+        server = Server(data, f"r{n}")
+        start = time.perf_counter()
+        server.start(timeout=120)
+        startup = time.perf_counter() - start
+        rss = _rss_kib(server.process.pid) if server.process else 0
+        server.stop()
+        empty = Server(root / f"empty-{n}", f"e{n}").start()
+        base = _rss_kib(empty.process.pid) if empty.process else 0
+        empty.stop()
+        out[str(n)] = {
+            "openTasks": n,
+            "startupSeconds": round(startup, 3),
+            "rssKiB": rss,
+            "emptyRssKiB": base,
+            "kibPerOpenTaskWithThread": round((rss - base) / n, 2),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    args = parser.parse_args()
+    quick = args.quick
+    results: dict[str, Any] = {
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
+        "at": now(),
+    }
+    with tempfile.TemporaryDirectory(prefix="tether-bench-") as scratch:
+        root = Path(scratch)
+        steps = [
+            ("store", lambda: bench_store(500 if quick else 5000, 3 if quick else 5)),
+            ("latency", lambda: bench_latency(root / "latency", 10 if quick else 50)),
+            ("fanout", lambda: bench_fanout(root / "fanout", 50 if quick else 1000)),
+            (
+                "restart",
+                lambda: bench_restart_and_memory(root / "restart", [100] if quick else [100, 10_000]),
+            ),
+        ]
+        for name, step in steps:
+            print(f"… {name}", file=sys.stderr, flush=True)
+            results[name] = step()
+            print(json.dumps(results[name], indent=1), file=sys.stderr, flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    target = RESULTS / ("quick.json" if quick else "latest.json")
+    target.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except httpx.HTTPError as error:
+        sys.exit(f"benchmark failed: {error}")
