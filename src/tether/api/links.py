@@ -29,6 +29,7 @@ class AcceptTask(_Body):
     task: str = Field(min_length=1)
     origin: dict[str, Any]
     provider: str | None = Field(default=None, max_length=100)
+    model: str | None = Field(default=None, max_length=200)
     title: str | None = Field(default=None, max_length=500)
     hold: bool = True
     mode: str = Field(default="async", pattern="^(async|wait)$")
@@ -89,4 +90,5 @@ async def accept_task(body: AcceptTask, who: Who, env: Env) -> dict[str, Any]:
         title=body.title,
         hold=body.hold,
         mode=body.mode,
+        model=body.model,
     )

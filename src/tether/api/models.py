@@ -15,6 +15,7 @@ class _Body(BaseModel):
 
 class CreateThread(_Body):
     provider: str = Field(min_length=1, max_length=100)
+    model: str | None = Field(default=None, max_length=200)
     title: str | None = Field(default=None, max_length=500)
     message: str | None = None
     clientRequestId: str | None = _Id

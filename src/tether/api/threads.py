@@ -26,7 +26,9 @@ def _with_origin(who: Caller, origin: dict[str, Any] | None) -> Caller:
 
 @router.post("", status_code=201)
 async def create_thread(body: CreateThread, who: Who, env: Env) -> dict[str, Any]:
-    return env.commands.create_thread(who, body.provider, body.title, body.message, body.clientRequestId)
+    return env.commands.create_thread(
+        who, body.provider, body.title, body.message, body.clientRequestId, model=body.model
+    )
 
 
 @router.get("")

@@ -40,6 +40,8 @@ class Thread(Record):
     provider: str
     created_at: str
     title: str | None = None
+    #: The model the provider should use (None: the provider's configured default).
+    model: str | None = None
     #: ``{environmentId, threadId, taskId}`` when a delegated task created this thread.
     parent: dict[str, Any] | None = None
     #: The task this thread was created to do (its root task), if any.

@@ -91,6 +91,7 @@ def thread_summary(thread: Thread, environment_id: str) -> dict[str, Any]:
         "threadId": thread.id,
         "environmentId": environment_id,
         "provider": thread.provider,
+        "model": thread.model,
         "title": thread.title,
         "status": thread.status,
         "settled": thread.settled,

@@ -95,8 +95,16 @@ class Commands:
             return True
         if caller.kind == "link":
             return thread.token_id == caller.token_id
+        # A thread (its run, or an agent holding its credential) sees itself, the children
+        # its tasks created, and its own parent — not its neighbours.
+        if thread.id == caller.thread_id or self._parent_of(thread) == caller.thread_id:
+            return True
         own = u.load(Thread, caller.thread_id)
-        return own is not None and (own.token_id is None or own.token_id == thread.token_id)
+        return own is not None and self._parent_of(own) == thread.id
+
+    def _parent_of(self, thread: Thread) -> str | None:
+        parent = thread.parent or {}
+        return parent.get("threadId") if parent.get("environmentId") == self.environment_id else None
 
     def thread_for(self, u: Unit, caller: Caller, thread_id: str) -> Thread:
         thread = u.load(Thread, thread_id)
@@ -127,11 +135,12 @@ class Commands:
         title: str | None = None,
         message: str | None = None,
         client_request_id: str | None = None,
+        model: str | None = None,
     ) -> dict[str, Any]:
         self.check_provider(provider)
 
         def body(u: Unit) -> dict[str, Any]:
-            thread = self._new_thread(u, provider, title, token_id=caller.token_id)
+            thread = self._new_thread(u, provider, title, token_id=caller.token_id, model=model)
             run_id = None
             if message is not None:
                 source = {"kind": Trigger.USER}
@@ -156,10 +165,12 @@ class Commands:
         token_id: str | None = None,
         parent: dict[str, Any] | None = None,
         task_id: str | None = None,
+        model: str | None = None,
     ) -> Thread:
         thread = Thread(
             id=new_id("thr"),
             provider=provider,
+            model=model,
             created_at=u.at,
             title=title,
             parent=parent,
@@ -533,6 +544,7 @@ class Commands:
         hold: bool = True,
         title: str | None = None,
         client_request_id: str | None = None,
+        model: str | None = None,
     ) -> dict[str, Any]:
         """``delegate_task`` to this environment: a task, its child thread, and the held
         item in the parent — one transaction, so a retry finds all three or none (G9)."""
@@ -556,7 +568,7 @@ class Commands:
                 waiting_call=mode == "wait",
             )
             chosen = provider or _default_provider(task, parent.provider)
-            self._child(u, record, task, chosen, parent.token_id, origin=None)
+            self._child(u, record, task, chosen, parent.token_id, origin=None, model=model)
             self._task_item(u, record, hold)
             return task_view(record)
 
@@ -570,6 +582,7 @@ class Commands:
         provider: str,
         token_id: str | None,
         origin: dict[str, Any] | None,
+        model: str | None = None,
     ) -> Thread:
         self.check_provider(provider)
         parent = {
@@ -577,7 +590,7 @@ class Commands:
             "threadId": task.parent_thread_id,
             "taskId": task.id,
         }
-        child = self._new_thread(u, provider, task.title, token_id, parent, task.id)
+        child = self._new_thread(u, provider, task.title, token_id, parent, task.id, model)
         task.child_thread_id = child.id
         self._save_task(u, task, "task.created")
         source = {"kind": Trigger.TASK, "taskId": task.id, "origin": origin or parent}
@@ -847,6 +860,7 @@ class Commands:
         hold: bool = True,
         title: str | None = None,
         client_request_id: str | None = None,
+        model: str | None = None,
     ) -> dict[str, Any]:
         """``delegate_task`` to a linked environment (origin side): the task and its held
         item are recorded here at once; the peer is asked to create the child by the link's
@@ -870,7 +884,7 @@ class Commands:
                 hold=hold,
                 waiting_call=mode == "wait",
                 remote_pending="create",
-                remote_request={"task": task, "provider": provider},
+                remote_request={"task": task, "provider": provider, "model": model},
             )
             self._save_task(u, record, "task.created")
             self._task_item(u, record, hold)
@@ -946,6 +960,7 @@ class Commands:
         title: str | None = None,
         hold: bool = True,
         mode: str = "async",
+        model: str | None = None,
     ) -> dict[str, Any]:
         """Destination side of a remote delegation: the child thread, fenced to the link
         token, with the task under the origin's id. Idempotent on that id (G9)."""
@@ -969,9 +984,8 @@ class Commands:
                 mode=mode,
                 hold=hold,
             )
-            self._child(
-                u, record, text, provider or _default_provider(text, "script"), caller.token_id, origin
-            )
+            chosen = provider or _default_provider(text, "script")
+            self._child(u, record, text, chosen, caller.token_id, origin, model)
             return task_view(record)
 
         return self._once(caller, "accept_task", task_id, body)

@@ -228,6 +228,7 @@ class Peer:
             "taskId": task.id,
             "task": request.get("task", ""),
             "provider": request.get("provider"),
+            "model": request.get("model"),
             "title": task.title,
             "hold": task.hold,
             "mode": task.mode,

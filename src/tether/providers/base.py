@@ -45,6 +45,7 @@ class Turn:
 
     def save_state(self, state: dict[str, Any]) -> None:
         self.runtime.commands.set_state(self.caller, state)
+        self.thread.state = state
 
 
 class Provider(Protocol):

@@ -70,10 +70,12 @@ class Tools:
         target = target or {}
         provider = target.get("provider") or ("script" if isinstance(task, dict) else None)
         timeout = _timeout(timeoutMs)
+        model = target.get("model")
         if self._is_local(target.get("environmentId")):
             view = self.commands.delegate(
                 caller,
                 text,
+                model=model,
                 provider=provider,
                 mode=mode,
                 hold=hold,
@@ -85,6 +87,7 @@ class Tools:
             view = await peer.delegate(
                 caller,
                 text,
+                model=model,
                 provider=provider,
                 mode=mode,
                 hold=hold,
