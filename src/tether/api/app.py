@@ -7,6 +7,8 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from tether import __version__
@@ -38,6 +40,10 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
         version=__version__,
         description="Delegate work between agent threads and always get the answer back.",
         lifespan=lifespan,
+        # Served below behind the token: every endpoint but health is closed (G10).
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.env = env
     errors.install(app)
@@ -45,6 +51,14 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
     @app.get("/api/health", tags=["environment"])
     async def health() -> dict[str, Any]:
         return env.health()
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(who: Annotated[Caller, Depends(caller)]) -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(who: Annotated[Caller, Depends(caller)]) -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="tether API")
 
     @app.get("/api/providers", tags=["environment"])
     async def providers(who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:

@@ -48,8 +48,11 @@ def _cursor(env: Environment, after: str | None, last_event_id: str | None) -> i
         return 0
     if raw == "now":
         return env.store.last_event_seq()
-    if not raw.isdigit():
+    if not raw.isdigit() or len(raw) > 18:
         raise Invalid(f"event cursor must be an event id or 'now', not {raw!r}")
+    newest = env.store.last_event_seq()
+    if int(raw) > newest:
+        raise Invalid(f"event cursor {raw} is past the newest event ({newest})")
     return int(raw)
 
 

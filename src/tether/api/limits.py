@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY = 1024 * 1024
-
-
-class _TooLarge(Exception):
-    pass
 
 
 class BodyLimit:
@@ -27,7 +24,6 @@ class BodyLimit:
             await self._refuse(send)
             return
         seen = 0
-        started = False
 
         async def limited() -> Message:
             nonlocal seen
@@ -35,20 +31,12 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge
+                    # An HTTPException passes through FastAPI's body parsing untouched
+                    # (any other exception there becomes a 400).
+                    raise HTTPException(413, f"request body over {self.limit} bytes")
             return message
 
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited, tracked)
-        except _TooLarge:
-            if not started:
-                await self._refuse(send)
+        await self.app(scope, limited, send)
 
     async def _refuse(self, send: Send) -> None:
         body = json.dumps(

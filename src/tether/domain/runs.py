@@ -9,7 +9,11 @@ _ENDINGS = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPT
 
 #: Trigger kinds whose queued run takes in later triggers of the same kind and key.
 #: Everything else gets a run of its own (SPEC §1: kinds never fold into each other).
-FOLDING = frozenset({Trigger.DELEGATED_TASK, Trigger.MONITOR_EVENT})
+#: ``monitor_finished`` folds only into the run its own unhandled lines became (same
+#: monitor); ``restart`` folds so that a thread gets one restart run however much it lost.
+FOLDING = frozenset(
+    {Trigger.DELEGATED_TASK, Trigger.MONITOR_EVENT, Trigger.MONITOR_FINISHED, Trigger.RESTART}
+)
 
 
 def start(run: Run, at: str) -> None:

@@ -214,7 +214,7 @@ class Commands:
                 "delivery": "queued" if busy else "started",
             }
 
-        return self._once(caller, "post_message", client_request_id, body)
+        return self._once(caller, f"post_message:{thread_id}", client_request_id, body)
 
     def _origin(self, caller: Caller) -> dict[str, Any] | None:
         if caller.origin:

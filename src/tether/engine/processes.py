@@ -37,12 +37,14 @@ _TAIL_BYTES = 4000
 
 
 def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat), or None if gone."""
+    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat), or None if it is
+    gone or a zombie (dead, only not yet reaped: it will never write its exit file)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 class ProcessManager:
@@ -62,6 +64,10 @@ class ProcessManager:
 
     def dir(self, item_id: str) -> Path:
         return self.root / item_id
+
+    def spawned_before(self, item_id: str) -> bool:
+        """The wrapper wrote its pid: this item was spawned (maybe just before a crash)."""
+        return (self.dir(item_id) / "pid").exists()
 
     def spawn(self, item: Item) -> tuple[int, str | None]:
         directory = self.dir(item.id)

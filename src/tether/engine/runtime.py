@@ -78,8 +78,8 @@ class Runtime:
         with self.store.transaction() as tx:
             items = tx.find(Item, status=ItemStatus.RUNNING, kind=[ItemKind.COMMAND, ItemKind.MONITOR])
         for item in items:
-            if item.id in pending_spawns and item.pid is None:
-                continue
+            if item.id in pending_spawns and not self.processes.spawned_before(item.id):
+                continue  # never spawned: its process.start row will do it
             fate, value = self.processes.fate(item)
             if fate == "alive" and value is not None:
                 adopt.append((item, value))
@@ -208,6 +208,8 @@ class Runtime:
             item = tx.get(Item, row.payload["itemId"])
         if item is None or not item.is_running or item.pid is not None:
             return
+        if self.processes.spawned_before(item.id):
+            return  # spawned before a crash; recovery already adopted or reported it
         pid, started = self.processes.spawn(item)
         if self.commands.process_spawned(item.id, pid, started):
             item.pid = pid

@@ -1,0 +1,76 @@
+"""Fixtures: real ``tether serve`` processes on loopback, one data directory each.
+
+``server`` is a fresh environment per test; ``module_server`` is shared by the tests of one
+module and ``shared_server`` by every test that only looks at threads it made itself (a
+server takes ~2 s to start on 2 cores, so most tests share one); ``server_factory``
+starts more than one. Every server is stopped at the end, and the
+background commands it left running (they outlive tether by design) are killed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tether.launch import Server
+
+from .helpers import kill_group, leftover_wrappers
+
+ServerFactory = Callable[..., Server]
+
+
+def _shutdown(servers: list[Server]) -> None:
+    for server in servers:
+        server.stop()
+    for server in servers:
+        for pid in leftover_wrappers(server.data):
+            kill_group(pid)
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
+    servers: list[Server] = []
+
+    def start(name: str = "env") -> Server:
+        server = Server(tmp_path / name, name).start()
+        servers.append(server)
+        return server
+
+    yield start
+    _shutdown(servers)
+
+
+@pytest.fixture
+def server(server_factory: ServerFactory) -> Server:
+    return server_factory("main")
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("env")
+    server = Server(root / "module", "module").start()
+    yield server
+    _shutdown([server])
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("env")
+    server = Server(root / "shared", "shared").start()
+    yield server
+    _shutdown([server])
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def module_client(module_server: Server) -> Iterator[httpx.Client]:
+    with module_server.client() as found:
+        yield found

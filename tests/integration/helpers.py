@@ -1,0 +1,323 @@
+"""Shared helpers of the integration tests: scripts, waits driven by events, and readers.
+
+Nothing here sleeps to synchronise: every wait is a server-side wait (``/wait``), the event
+feed (``follow_events``) or a pidfd. Timeouts are only upper bounds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import select
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tether.launch import Server, follow_events
+
+#: Upper bound for one scenario to finish; a correct server needs a fraction of it.
+TIMEOUT = 60.0
+
+
+# ---------------------------------------------------------------------------- scripts
+
+
+def script(*rules: dict[str, Any]) -> dict[str, Any]:
+    return {"tether_script": 1, "rules": list(rules)}
+
+
+def rule(on: str, *actions: dict[str, Any], repeat: bool = False) -> dict[str, Any]:
+    found: dict[str, Any] = {"on": on, "do": list(actions)}
+    if repeat:
+        found["repeat"] = True
+    return found
+
+
+def reply(text: str) -> dict[str, Any]:
+    return {"reply": text}
+
+
+def delegate(task: dict[str, Any] | str, ref: str = "c", **extra: Any) -> dict[str, Any]:
+    return {"delegate": {"task": task, "id": ref, **extra}}
+
+
+def noting_parent(*children: dict[str, Any], title: str | None = None) -> dict[str, Any]:
+    """A parent that delegates ``children`` (ids c1, c2 ... or c for one) async and replies
+    ``got <wake text>`` to every completion wake."""
+    refs = ["c"] if len(children) == 1 else [f"c{n}" for n in range(1, len(children) + 1)]
+    actions = [
+        delegate(child, ref, **({"title": title} if title else {}))
+        for ref, child in zip(refs, children, strict=True)
+    ]
+    return script(
+        rule("start", *actions, reply("delegated")),
+        rule("delegated_task", reply("got {{text}}"), repeat=True),
+    )
+
+
+# ---------------------------------------------------------------------------- API
+
+
+def new_thread(client: httpx.Client, body: dict[str, Any] | str, title: str | None = None) -> str:
+    message = body if isinstance(body, str) else json.dumps(body)
+    created = client.post("/api/threads", json={"provider": "script", "title": title, "message": message})
+    assert created.status_code == 201, created.text
+    return created.json()["threadId"]
+
+
+def thread(client: httpx.Client, thread_id: str) -> dict[str, Any]:
+    found = client.get(f"/api/threads/{thread_id}")
+    assert found.status_code == 200, found.text
+    return found.json()
+
+
+def tasks_of(client: httpx.Client, parent_id: str) -> list[dict[str, Any]]:
+    found = client.get("/api/tasks", params={"parentThreadId": parent_id})
+    assert found.status_code == 200, found.text
+    return found.json()["tasks"]
+
+
+def wait_settled(client: httpx.Client, thread_id: str, timeout: float = TIMEOUT) -> dict[str, Any]:
+    """Block (server side) until the thread is settled; fail if it is not within ``timeout``."""
+    answer = client.get(
+        f"/api/threads/{thread_id}/wait",
+        params={"untilSettled": "true", "timeoutMs": int(timeout * 1000)},
+        timeout=timeout + 30,
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert not body["timedOut"] and body["settled"], f"{thread_id} did not settle within {timeout}s: {body}"
+    return body
+
+
+def wait_idle(client: httpx.Client, thread_id: str, timeout: float = TIMEOUT) -> dict[str, Any]:
+    answer = client.get(
+        f"/api/threads/{thread_id}/wait", params={"timeoutMs": int(timeout * 1000)}, timeout=timeout + 30
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert not body["timedOut"], f"{thread_id} did not become idle within {timeout}s: {body}"
+    return body
+
+
+def await_state(server: Server, check: Callable[[], Any], timeout: float = TIMEOUT, what: str = "") -> Any:
+    """Re-run ``check`` after every event of the server's feed until it is truthy."""
+    result = follow_events(server.url, server.token, check, timeout)
+    assert result, f"timed out after {timeout}s waiting for {what or check}"
+    return result
+
+
+def await_threads(
+    server: Server, check: Callable[[], Any], threads: set[str], timeout: float = TIMEOUT, what: str = ""
+) -> Any:
+    """Like :func:`await_state`, but re-run ``check`` only after events of ``threads``
+    (a set ``check`` may grow, e.g. with a child's id once it is known): cheap enough for
+    many concurrent waits on one server."""
+    deadline = time.monotonic() + timeout
+    headers = {"Authorization": f"Bearer {server.token}"}
+    with httpx.stream(
+        "GET",
+        f"{server.url}/api/events",
+        params={"after": "now", "keepalive": "1"},
+        headers=headers,
+        timeout=httpx.Timeout(timeout, connect=5.0),
+    ) as response:
+        assert response.status_code == 200, response.read()
+        result = check()
+        if result:
+            return result
+        for line in response.iter_lines():
+            if time.monotonic() > deadline:
+                break
+            if line.startswith("data:"):
+                if json.loads(line.removeprefix("data:").strip()).get("threadId") not in threads:
+                    continue
+            elif not line.startswith(":"):
+                continue
+            result = check()
+            if result:
+                return result
+    result = check()
+    assert result, f"timed out after {timeout}s waiting for {what or check}"
+    return result
+
+
+def settled_tree(client: httpx.Client, parent_id: str, timeout: float = TIMEOUT) -> None:
+    """The parent and every child of it settled (nothing left that could wake anyone)."""
+    wait_settled(client, parent_id, timeout)
+    for child in {t["childThreadId"] for t in tasks_of(client, parent_id)}:
+        wait_settled(client, child, timeout)
+    wait_settled(client, parent_id, timeout)
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def wake_messages(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """Completion wakes: notifications with ``source.kind`` ``delegated_task``."""
+    return [
+        m
+        for m in view["messages"]
+        if m["role"] == "notification" and (m["source"] or {}).get("kind") == "delegated_task"
+    ]
+
+
+def wake_runs(view: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in view["runs"] if r["trigger"]["kind"] == "delegated_task"]
+
+
+def runs_of(view: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [r for r in view["runs"] if r["trigger"]["kind"] == kind]
+
+
+_WAKE_ENTRY = re.compile(r"^\[(?:task|follow-up of \S+) (tsk_[0-9a-f]+)[^\n]*\]\n", re.MULTILINE)
+
+
+def wake_entries(text: str) -> list[tuple[str, str]]:
+    """``[(taskId, result text)]`` of one wake text (SPEC §1: each task once, with its result)."""
+    marks = list(_WAKE_ENTRY.finditer(text))
+    entries = []
+    for n, mark in enumerate(marks):
+        end = marks[n + 1].start() if n + 1 < len(marks) else len(text)
+        entries.append((mark.group(1), text[mark.end() : end].strip()))
+    return entries
+
+
+def reported(view: dict[str, Any]) -> Counter[str]:
+    """How many times each task id was reported across all of a parent's wakes."""
+    seen: Counter[str] = Counter()
+    for message in wake_messages(view):
+        for task_id, _ in wake_entries(message["text"]):
+            seen[task_id] += 1
+    return seen
+
+
+def finals(view: dict[str, Any]) -> Counter[str]:
+    """How many times each task id's entry says FINAL across a parent's wakes."""
+    seen: Counter[str] = Counter()
+    for message in wake_messages(view):
+        for task_id, body in wake_entries(message["text"]):
+            seen[task_id] += body.count("FINAL")
+    return seen
+
+
+# ---------------------------------------------------------------------------- SSE
+
+
+def sse_events(
+    url: str,
+    token: str,
+    after: str,
+    until: Callable[[dict[str, Any]], bool],
+    timeout: float = 30.0,
+    on_open: Callable[[], Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Read ``/api/events`` from ``after`` until an event matches ``until``; return them all.
+    ``on_open`` runs once the feed is open (its cursor fixed), before reading."""
+    found: list[dict[str, Any]] = []
+    with httpx.stream(
+        "GET",
+        f"{url}/api/events",
+        params={"after": after},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=httpx.Timeout(timeout, connect=5.0),
+    ) as response:
+        assert response.status_code == 200, response.read()
+        if on_open is not None:
+            on_open()
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                event = json.loads(line.removeprefix("data:").strip())
+                found.append(event)
+                if until(event):
+                    return found
+    raise AssertionError(f"the feed ended before the awaited event; read {len(found)}")
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def item_dir(server: Server, item_id: str) -> Path:
+    return server.data / "proc" / item_id
+
+
+def wrapper_pid(server: Server, item_id: str) -> int:
+    """The pid of the wrapper of a background item (its process group leader)."""
+    return int((item_dir(server, item_id) / "pid").read_text().strip())
+
+
+def await_exit(pid: int, timeout: float = 30.0) -> None:
+    """Block until process ``pid`` has ended (a pidfd turns readable): no polling."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"process {pid} still runs after {timeout}s"
+    finally:
+        os.close(fd)
+
+
+def is_alive(pid: int) -> bool:
+    """Running (not ended and not a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def reap(pid: int) -> None:
+    """Reap ``pid`` if it is our (adopted) child."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def leftover_wrappers(data: Path) -> Iterator[int]:
+    """Pids of background wrappers of the environment at ``data`` that still run."""
+    proc = data / "proc"
+    if not proc.is_dir():
+        return
+    for pid_file in proc.glob("*/pid"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if str(pid_file.parent).encode() in cmdline:  # ours, not a recycled pid
+                yield pid
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_subreaper(on: bool) -> None:
+    """Make this process adopt the orphans of its descendants (a killed server's commands),
+    so a test can reap them: a process that is gone must really be gone."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def reap_zombie_children(keep: set[int]) -> None:
+    """Reap ended children of ours (adopted orphans), except the pids in ``keep``."""
+    me = str(os.getpid())
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+            pid = int(stat_file.parent.name)
+            if fields[1] == me and fields[0] == "Z" and pid not in keep:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
