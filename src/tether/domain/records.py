@@ -54,6 +54,8 @@ class Thread(Record):
     token_id: str | None = None
     #: Set by ``task_cancel``: later replies of this child open no follow-ups.
     cancelled: bool = False
+    #: Set by ``thread_interrupt``: the open task ends ``interrupted`` when it settles.
+    interrupted: bool = False
     #: The last non-progress run that ended since the last answer was taken.
     pending_answer_run_id: str | None = None
     status: str = "idle"

@@ -32,13 +32,16 @@ def note_progress(task: Task, run: Run) -> None:
         task.progress.append({"runId": run.id, "text": run.reply, "at": run.ended_at})
 
 
-def complete(task: Task, answer: Run | None, at: str) -> None:
-    """The child settled: its last non-progress run's reply is the result (G1)."""
+def complete(task: Task, answer: Run | None, at: str, interrupted: bool = False) -> None:
+    """The child settled: its last non-progress run's reply is the result (G1). A child
+    stopped by ``thread_interrupt`` ends ``interrupted`` with that reply."""
     if not task.is_open:
         raise DomainError(f"task {task.id} is already {task.status}")
     if answer is not None and answer.is_progress:
         raise DomainError("a progress run is never a result (G4)")
     status = _RESULT_STATUS.get(answer.status, TaskStatus.COMPLETED) if answer else TaskStatus.COMPLETED
+    if interrupted:
+        status = TaskStatus.INTERRUPTED
     task.status = status
     task.work_state = WorkState.RESULT_AVAILABLE
     task.result = {
@@ -123,7 +126,7 @@ def advance_delivery(task: Task, to: Delivery) -> bool:
     Returning False instead of raising is what makes duplicate deliveries harmless (G3):
     the second attempt finds the state already moved and does nothing.
     """
-    if task.delivery_state not in _DELIVERY_STEPS[to]:
+    if task.delivery_state not in _DELIVERY_STEPS.get(to, ()):
         return False
     task.delivery_state = to
     return True

@@ -432,8 +432,9 @@ class Commands:
     def _answer(self, u: Unit, thread: Thread, answer: Run | None) -> None:
         """The child settled: its last answer completes the open task or a new follow-up (G1)."""
         task = u.load(Task, thread.open_task_id) or self._open_follow_up(u, thread)
-        tasks.complete(task, answer, u.at)
+        tasks.complete(task, answer, u.at, interrupted=thread.interrupted)
         thread.open_task_id = None
+        thread.interrupted = False
         u.save(thread)
         self._save_task(u, task, "task.completed")
         self._task_ended(u, task)
@@ -570,6 +571,7 @@ class Commands:
             chosen = provider or _default_provider(task, parent.provider)
             self._child(u, record, task, chosen, parent.token_id, origin=None, model=model)
             self._task_item(u, record, hold)
+            self._settle(u)  # the child's first run has started: answer with that state
             return task_view(record)
 
         return self._once(caller, "delegate", client_request_id, body)
@@ -658,7 +660,9 @@ class Commands:
             if run.status == RunStatus.RUNNING:
                 self._end_run(u, run, status, run.reply, reason)
                 u.tx.add_outbox("run.stop", {"runId": run.id})
-            elif stop_all:
+            elif stop_all and run.kind != Trigger.DELEGATED_TASK:
+                # A queued completion wake is delivery, not work: stopping the thread
+                # must not drop the answers it carries (G1); it runs after the stop.
                 self._end_run(u, run, RunStatus.CANCELLED, error=reason)
             else:
                 continue
@@ -676,6 +680,9 @@ class Commands:
                 u.emit("item.ended", item_view(item), thread_id=thread.id)
                 if item.kind in (ItemKind.COMMAND, ItemKind.MONITOR):
                     u.tx.add_outbox("process.kill", {"itemId": item.id})
+        if status == RunStatus.INTERRUPTED and (stopped_runs or stopped_items) and thread.open_task_id:
+            thread.interrupted = True  # its task ends "interrupted", whatever the last reply
+            u.save(thread)
         u.mark(thread.id)
         return {"threadId": thread.id, "stoppedRuns": stopped_runs, "stoppedItems": stopped_items}
 

@@ -66,9 +66,13 @@ class _SQLiteTransaction(Transaction):
         table = TABLES[type(record)]
         names = (table.key, *table.columns)
         values = [getattr(record, name) for name in names]
+        updates = ", ".join(f"{name} = excluded.{name}" for name in (*table.columns, "data"))
+        # An upsert, not INSERT OR REPLACE: a replace deletes the row and gives it a new
+        # rowid, which would reorder every list ordered by creation.
         self._conn.execute(
-            f"INSERT OR REPLACE INTO {table.name} ({', '.join(names)}, data) "
-            f"VALUES ({', '.join('?' * (len(names) + 1))})",
+            f"INSERT INTO {table.name} ({', '.join(names)}, data) "
+            f"VALUES ({', '.join('?' * (len(names) + 1))}) "
+            f"ON CONFLICT({table.key}) DO UPDATE SET {updates}",
             (*values, _dumps(record.to_dict())),
         )
 
@@ -158,8 +162,8 @@ class SQLiteStore(Store):
     def transaction(self) -> Iterator[Transaction]:
         if self._tx_depth:
             raise RuntimeError("transactions do not nest: one command, one transaction")
+        self._conn.execute("BEGIN IMMEDIATE")  # may fail (locked): then nothing is open
         self._tx_depth += 1
-        self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield _SQLiteTransaction(self._conn)
         except BaseException:
