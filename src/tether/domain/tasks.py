@@ -94,6 +94,14 @@ def mirror(task: Task, view: dict[str, Any]) -> None:
             task.follow_ups.append(follow_up_id)
 
 
+def mirror_progress(task: Task, view: dict[str, Any]) -> bool:
+    """Progress a remote child reported after this task ended; True if any was new."""
+    known = {entry.get("runId") for entry in task.progress}
+    new = [entry for entry in view.get("progress") or [] if entry.get("runId") not in known]
+    task.progress.extend(new)
+    return bool(new)
+
+
 def follow_up(original: Task, task_id: str, at: str) -> Task:
     """A new task for a later answer of the same child (same parent and child threads)."""
     return Task(

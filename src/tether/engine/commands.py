@@ -948,6 +948,10 @@ class Commands:
         if task.child_environment_id != environment_id or task.parent_environment_id != self.environment_id:
             return
         if not task.is_open:
+            # Ended here already: only later progress (a persistent monitor's lines after
+            # the result) still belongs to it (G4, G5).
+            if tasks.mirror_progress(task, view):
+                self._save_task(u, task)
             return
         tasks.mirror(task, view)
         if task.is_open:
@@ -955,6 +959,23 @@ class Commands:
         else:
             self._save_task(u, task, "task.completed")
             self._task_ended(u, task)
+
+    def link_revoked(self, environment_id: str, message: str) -> int:
+        """The peer refused our token. A child created with it can never be followed again
+        (the peer shows a new token only what that token creates), so its task fails now and
+        the parent is told — nothing waits forever. A delegation not yet handed over keeps
+        waiting: a new link carries it."""
+        with self.unit() as u:
+            lost = [
+                t for t in u.query(Task, status=list(OPEN_TASK), parent_environment_id=self.environment_id)
+                if t.child_environment_id == environment_id and t.remote_pending != "create"
+            ]
+            for task in lost:
+                task.remote_pending = None
+                tasks.fail(task, u.at, message)
+                self._save_task(u, task, "task.completed")
+                self._task_ended(u, task)
+            return len(lost)
 
     def accept_task(
         self,

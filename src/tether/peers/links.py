@@ -133,6 +133,8 @@ class Peer:
             self.link = link
 
     def view(self) -> dict[str, Any]:
+        with self.peers.env.store.transaction() as tx:
+            self.link = tx.get(Link, self.environment_id) or self.link
         return {
             "environmentId": self.link.environment_id,
             "name": self.link.name,
@@ -161,7 +163,10 @@ class Peer:
                     "unreachable", f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
                 )
             except TetherError as error:
-                self._status("revoked" if error.code == "link_revoked" else "error", error.message)
+                revoked = error.code == "link_revoked"
+                self._status("revoked" if revoked else "error", error.message)
+                if revoked:
+                    self.commands.link_revoked(self.environment_id, f"link to {self.link.name} revoked")
             except Exception as error:  # never let the follower die
                 log.exception("following %s failed", self.environment_id)
                 self._status("error", str(error))

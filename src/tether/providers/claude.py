@@ -1,0 +1,621 @@
+"""The ``claude`` provider: Claude Code, driven through the Claude Agent SDK.
+
+Each thread keeps **one live SDK session** — one Claude Code process — from its first run
+until tether shuts down. It is never closed at a ``ResultMessage``: closing kills the CLI
+and the background work it runs, whose finish notices then never come (the known trap).
+A restarted tether resumes the conversation from the session id kept in the thread's
+state (``{"claude": {"sessionId": ...}}``).
+
+Claude Code runs background work itself (background Bash, Monitor). tether mirrors it so
+that the thread's task does not settle around it, and so that its end wakes the thread:
+
+- ``task_started`` (a background shell or monitor) → a background item tether does not
+  spawn (``start_process(..., spawn=False)``), labelled with the CLI's task id;
+- its end — a ``task_notification`` (completed | failed | stopped), or a ``task_updated``
+  reaching completed | failed | killed when no notification comes — → ``process_ended``,
+  exactly once per task: the item ends and its wake run is queued in one transaction (G2).
+
+Claude Code meanwhile starts its own turn for that end (``ResultMessage.origin.kind ==
+"task-notification"``). When tether runs the wake run, the provider sends no prompt: the
+run takes that self-started turn's output (its text, said as the run's messages, and its
+result, the run's reply). One reader per session reads every message, between runs too,
+and splits them into turns, which runs then claim:
+
+- a prompted run (user, task, message, and wakes of work tether runs itself) sends its
+  text with a fresh uuid and claims the turn whose result lists that uuid — skipping the
+  CLI's own turns, which stay for their wake runs (a wake can arrive while a user message
+  is queued: tether runs that message first, the CLI its own turn first);
+- a wake run claims the CLI's own turns not yet claimed, oldest first, until the CLI says
+  it is ``idle`` after the task's end (turns of monitor events no run asked for come along);
+  if it says so with no such turn — the notice went into a turn that was running — the run
+  claims none and repeats the latest reply, so that the answer stays the last reply. A CLI
+  that reports no session state gets ``wake_grace_s`` to begin its turn.
+
+A user message that arrives while a wake is pending queues behind it: tether runs one run
+at a time per thread, and the prompt is sent only when its run starts.
+
+Every session gets tether's MCP server (``/mcp`` of this environment) with a per-thread
+credential minted here, in a ``--mcp-config`` file readable by tether's user only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tether.providers.base import Turn
+from tether.types import Caller
+
+log = logging.getLogger(__name__)
+
+#: ``claude_agent_sdk``, imported with the first session (it is slow to import, and
+#: ``tether providers`` or a server without claude threads need not pay for it).
+sdk: Any = None
+
+
+def _load_sdk() -> Any:
+    global sdk
+    if sdk is None:
+        import claude_agent_sdk
+
+        sdk = claude_agent_sdk
+    return sdk
+
+
+#: Claude Code task types tether mirrors as background items, and their item kind.
+TASK_KINDS = {"local_bash": "command", "monitor": "monitor"}
+#: A final status → the ``reason`` given to ``process_ended`` (None: ended normally).
+NOTIFICATION_END = {"completed": None, "failed": "failed", "stopped": "stopped"}
+UPDATED_END = {"completed": None, "failed": "failed", "killed": "stopped"}
+#: Runs that a CLI-run item's end queues: they take the CLI's self-started turn.
+WAKE_TRIGGERS = {"background_command", "monitor_event", "monitor_finished"}
+_EXIT_CODE = re.compile(r"exit code:?\s*(-?\d+)", re.IGNORECASE)
+_PROMPTED = {"user", "task", "message"}
+
+SYSTEM_PROMPT = (
+    "You run inside tether, as one agent thread (id {thread_id}). Long work (test suites, builds) "
+    "may run in the background: end your turn once it runs; its finish wakes you for a new turn. "
+    "tether's tools are on the MCP server 'tether': delegate work to other agent threads with "
+    "delegate_task; their answers come back to you as new turns, so never poll for them."
+)
+
+
+class ClaudeError(Exception):
+    """A Claude Code turn ended in an error, or the session broke."""
+
+
+@dataclass
+class CliTurn:
+    """One turn of the CLI, as read: its messages, then its result."""
+
+    seq: int
+    messages: list[Any] = field(default_factory=list)
+    result: Any = None
+    owner: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    @property
+    def origin_kind(self) -> str | None:
+        origin = getattr(self.result, "origin", None) or {}
+        return origin.get("kind") if isinstance(origin, dict) else None
+
+    @property
+    def uuids(self) -> list[str]:
+        result = self.result
+        found = list(getattr(result, "user_message_uuids", None) or [])
+        single = getattr(result, "user_message_uuid", None)
+        if single and single not in found:
+            found.append(single)
+        return found
+
+    @property
+    def self_started(self) -> bool:
+        return self.done and not self.uuids and self.origin_kind not in (None, "human")
+
+    def answers(self, prompt_uuid: str, sent_seq: int) -> bool:
+        """This turn took in the prompt sent with ``prompt_uuid`` (at ``sent_seq``)."""
+        if not self.done:
+            return False
+        if self.uuids:
+            return prompt_uuid in self.uuids
+        # A CLI that reports no uuids: the first human turn begun after the prompt was sent.
+        return self.seq > sent_seq and self.origin_kind in (None, "human")
+
+    @property
+    def texts(self) -> list[str]:
+        found = []
+        for message in self.messages:
+            if isinstance(message, sdk.AssistantMessage) and message.parent_tool_use_id is None:
+                found.extend(b.text for b in message.content if isinstance(b, sdk.TextBlock) and b.text)
+        return found
+
+    @property
+    def reply(self) -> str | None:
+        text = getattr(self.result, "result", None)
+        if isinstance(text, str) and text.strip():
+            return text
+        texts = self.texts
+        return texts[-1] if texts else None
+
+    @property
+    def error(self) -> str | None:
+        result = self.result
+        if result is None or not getattr(result, "is_error", False):
+            return None
+        errors = [str(e) for e in (getattr(result, "errors", None) or []) if e]
+        return "; ".join(errors) or getattr(result, "result", None) or result.subtype or "error"
+
+
+class ClaudeSession:
+    """One thread's live Claude Code session: the reader of its messages, the mirror of its
+    background tasks, and the matching of its turns to tether's runs.
+
+    ``handle`` takes one SDK message; it is synchronous and free of I/O but for the
+    ``commands`` it calls, so the mapping can be tested without a CLI.
+    """
+
+    def __init__(self, thread_id: str, commands: Any, notification_grace: float = 0.5) -> None:
+        _load_sdk()
+        self.thread_id = thread_id
+        self.commands = commands
+        #: How long a final ``task_updated`` waits for the ``task_notification`` that may
+        #: follow it (which says more: a summary, an exit code) before it ends the item.
+        self.notification_grace = notification_grace
+        self.pending_ends: dict[str, asyncio.TimerHandle] = {}
+        self.client: Any = None
+        self.reader: asyncio.Task[None] | None = None
+        self.seq = 0
+        self.turns: list[CliTurn] = []  # not yet claimed, oldest first (the last may be in progress)
+        self.current: CliTurn | None = None
+        self.state: str | None = None  # the CLI's session state, when it reports one
+        self.idle_seq = 0  # seq of the latest "idle"
+        self.tasks: dict[str, str] = {}  # CLI task id -> item id
+        self.ended: set[str] = set()  # CLI task ids whose end was reported
+        self.end_seq: dict[str, int] = {}  # item id -> seq of its end
+        self.tool_uses: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.abandoned: set[str] = set()  # prompt uuids of cancelled runs
+        self.session_id: str | None = None
+        self.last_reply: str | None = None
+        self.error: str | None = None
+        self.dead = False
+        self.closing = False
+        self.stderr: list[str] = []
+        self._changed = asyncio.Event()
+
+    # ------------------------------------------------------------------ reading
+
+    def on_stderr(self, line: str) -> None:
+        self.stderr = [*self.stderr[-49:], line[-500:]]
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def until(self, ready: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Wait until ``ready()`` is truthy (re-checked after every message) or ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            changed = self._changed
+            found = ready()
+            if found:
+                return found
+            if self.dead:
+                raise ClaudeError(self.error or "Claude Code exited")
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return found
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    async def read(self, messages: AsyncIterator[Any]) -> None:
+        """The reader: every message of the session, until the CLI exits."""
+        try:
+            async for message in messages:
+                try:
+                    self.handle(message)
+                except Exception:  # one bad message must not stop the session
+                    log.exception("claude thread %s: could not handle %r", self.thread_id, message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.error = f"Claude Code session failed: {exc}"
+        finally:
+            self.dead = True
+            if not self.error:
+                tail = "; ".join(self.stderr[-5:])
+                self.error = "Claude Code exited" + (f": {tail}" if tail else "")
+            if not self.closing:
+                self._lose_tasks()
+            self._notify()
+
+    def handle(self, message: Any) -> None:
+        self.seq += 1
+        try:
+            self._handle(message)
+        finally:
+            self._notify()
+
+    def _handle(self, message: Any) -> None:
+        if isinstance(message, sdk.TaskStartedMessage):
+            self._task_started(message)
+        elif isinstance(message, sdk.TaskNotificationMessage):
+            if message.status in NOTIFICATION_END:
+                self._task_ended(message.task_id, NOTIFICATION_END[message.status], message.summary, None)
+        elif isinstance(message, sdk.TaskUpdatedMessage):
+            if message.status in UPDATED_END:
+                self._task_updated_end(message)
+        elif isinstance(message, sdk.ResultMessage):
+            self._result(message)
+        elif isinstance(message, sdk.AssistantMessage | sdk.UserMessage):
+            self._turn_message(message)
+        elif isinstance(message, sdk.SystemMessage):
+            self._system(message)
+
+    def _system(self, message: Any) -> None:
+        if message.subtype == "session_state_changed":
+            self.state = message.data.get("state")
+            if self.state == "idle":
+                self.idle_seq = self.seq
+        elif message.subtype == "init":
+            self.session_id = message.data.get("session_id") or self.session_id
+
+    def _turn_message(self, message: Any) -> None:
+        if isinstance(message, sdk.AssistantMessage):
+            for block in message.content:
+                if isinstance(block, sdk.ToolUseBlock):
+                    self.tool_uses[block.id] = (block.name, dict(block.input or {}))
+                    log.info("claude thread %s: tool %s %s", self.thread_id, block.name, block.input)
+        if message.parent_tool_use_id is not None:
+            if self.current is not None:  # a subagent's message, inside a turn
+                self.current.messages.append(message)
+            return
+        self._open().messages.append(message)
+
+    def _open(self) -> CliTurn:
+        if self.current is None:
+            self.current = CliTurn(self.seq)
+            self.turns.append(self.current)
+        return self.current
+
+    def _result(self, message: Any) -> None:
+        turn = self._open()
+        turn.result = message
+        self.current = None
+        self.session_id = message.session_id or self.session_id
+        if any(u in self.abandoned for u in turn.uuids):
+            turn.owner = "abandoned"  # its run was cancelled: nobody takes it
+            if turn in self.turns:
+                self.turns.remove(turn)
+        if turn.error is None and turn.reply is not None:
+            self.last_reply = turn.reply
+
+    def _task_started(self, message: Any) -> None:
+        name, tool_input = self.tool_uses.get(message.tool_use_id or "", ("", {}))
+        kind = TASK_KINDS.get(message.task_type or "")
+        if kind is None and message.data.get("is_backgrounded"):
+            kind = "command"
+        if kind is None or message.task_id in self.tasks:
+            return
+        if name == "Monitor":
+            kind = "monitor"
+        command = str(tool_input.get("command") or message.description or message.task_id)
+        item = self.commands.start_process(
+            Caller("thread", thread_id=self.thread_id), kind, command, label=message.task_id, spawn=False
+        )
+        self.tasks[message.task_id] = item["id"]
+
+    def _task_updated_end(self, message: Any) -> None:
+        """A final status seen only as a patch so far: the end, unless the notification
+        comes within the grace (then it ends the item instead, with what it says)."""
+        task_id = message.task_id
+        if task_id not in self.tasks or task_id in self.ended or task_id in self.pending_ends:
+            return
+        patch = message.patch or {}
+        code = patch.get("exit_code", patch.get("exitCode"))
+        summary = patch.get("summary") or patch.get("error")
+        end = (task_id, UPDATED_END[message.status], summary, code, self.seq)
+        if self.notification_grace <= 0:
+            self._task_ended(*end)
+            return
+        self.pending_ends[task_id] = asyncio.get_running_loop().call_later(
+            self.notification_grace, self._late_end, end
+        )
+
+    def _late_end(self, end: tuple[Any, ...]) -> None:
+        try:
+            self._task_ended(*end)
+        except Exception:
+            log.exception("claude thread %s: could not end task %s", self.thread_id, end[0])
+        finally:
+            self._notify()
+
+    def _task_ended(
+        self, task_id: str, reason: str | None, summary: str | None, code: Any, seq: int | None = None
+    ) -> None:
+        pending = self.pending_ends.pop(task_id, None)
+        if pending is not None:
+            pending.cancel()
+        item_id = self.tasks.get(task_id)
+        if item_id is None or task_id in self.ended:
+            return
+        self.ended.add(task_id)
+        self.end_seq[item_id] = self.seq if seq is None else seq
+        if code is None and summary:
+            found = _EXIT_CODE.search(summary)
+            code = int(found.group(1)) if found else None
+        exit_code = int(code) if isinstance(code, int | str) and str(code).lstrip("-").isdigit() else None
+        self.commands.process_ended(item_id, exit_code, reason=reason, tail=summary or None)
+
+    def _lose_tasks(self) -> None:
+        """The CLI is gone, and its background tasks with it: end their items (their wake
+        runs then prompt a new session)."""
+        for handle in self.pending_ends.values():
+            handle.cancel()
+        self.pending_ends.clear()
+        for task_id, item_id in list(self.tasks.items()):
+            if task_id in self.ended:
+                continue
+            self.ended.add(task_id)
+            self.end_seq[item_id] = self.seq
+            with contextlib.suppress(Exception):
+                self.commands.process_ended(item_id, None, reason="lost: the Claude Code session ended")
+
+    # ------------------------------------------------------------------ runs
+
+    def owns(self, item_id: str | None) -> bool:
+        """The item is background work of this (live) session."""
+        return item_id is not None and item_id in self.tasks.values() and not self.dead
+
+    def _claim(self, turn: CliTurn, run_id: str) -> CliTurn:
+        turn.owner = run_id
+        self.turns.remove(turn)
+        return turn
+
+    async def prompt(self, text: str, run_id: str) -> list[CliTurn]:
+        """Send ``text``; the turn that took it in is this run's."""
+        if self.dead:
+            raise ClaudeError(self.error or "Claude Code exited")
+        prompt_uuid = str(uuid.uuid4())
+        sent = self.seq
+        message = {
+            "type": "user",
+            "message": {"role": "user", "content": text},
+            "parent_tool_use_id": None,
+            "uuid": prompt_uuid,
+        }
+
+        async def one() -> AsyncIterator[dict[str, Any]]:
+            yield message
+
+        try:
+            await self.client.query(one())
+            found = await self.until(
+                lambda: next((t for t in self.turns if t.answers(prompt_uuid, sent)), None)
+            )
+        except asyncio.CancelledError:
+            self.abandoned.add(prompt_uuid)
+            for turn in list(self.turns):
+                if turn.done and prompt_uuid in turn.uuids:
+                    self.turns.remove(turn)
+            await self.interrupt()
+            raise
+        return [self._claim(found, run_id)]
+
+    async def wake(self, item_id: str, run_id: str, grace: float) -> list[CliTurn]:
+        """The turns the CLI started itself for the end of ``item_id``: from the oldest not
+        yet taken (turns of monitor events no run asked for come first) until the CLI says
+        it is ``idle`` after that end — nothing more is owed. Empty when it said so without
+        such a turn: the notice was taken in by a turn that was running."""
+        end = self.end_seq.get(item_id, 0)
+
+        def ready() -> Any:
+            waiting = next((t for t in self.turns if not t.done or t.self_started), None)
+            if waiting is not None:
+                return waiting
+            if self.idle_seq > end and self.current is None:
+                return "idle"
+            return None
+
+        claimed: list[CliTurn] = []
+        while True:
+            if claimed and self.state is None:
+                # No session-state reports: take what is over already, and no more.
+                claimed += [self._claim(t, run_id) for t in list(self.turns) if t.self_started]
+                return claimed
+            # Without session-state reports, a turn not begun within ``grace`` is not coming.
+            found = await self.until(ready, None if self.state is not None else grace)
+            if not isinstance(found, CliTurn):
+                return claimed
+            self._claim(found, run_id)
+            try:
+                await self.until(lambda turn=found: turn.done)
+            except asyncio.CancelledError:
+                await self.interrupt()
+                raise
+            if found.owner != "abandoned":  # not the late answer of a cancelled prompt
+                claimed.append(found)
+
+    async def interrupt(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(self.client.interrupt()), 5)
+
+    async def close(self) -> None:
+        self.closing = True
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.client.disconnect(), 20)
+        if self.reader is not None:
+            self.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.reader
+
+
+class ClaudeProvider:
+    """Config (``[providers.claude]``): ``cli_path`` (default ``claude``), ``model``,
+    ``permission_mode`` (default ``bypassPermissions``: nobody is there to approve a tool),
+    ``allowed_tools`` (default ``["mcp__tether"]``), ``append_system_prompt``,
+    ``wake_grace_s`` (how long a wake run waits for the CLI's own turn when the CLI does not
+    report its session state; default 10), ``notification_grace_s`` (how long a final
+    ``task_updated`` waits for a ``task_notification``; default 0.5), ``credential_ttl_s``
+    (default 7 days)."""
+
+    name = "claude"
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        config = config or {}
+        self.cli_path = str(config.get("cli_path") or "claude")
+        self.model: str | None = config.get("model")
+        self.permission_mode: str | None = config.get("permission_mode", "bypassPermissions")
+        self.allowed_tools = [str(t) for t in config.get("allowed_tools", ["mcp__tether"])]
+        self.append_system_prompt: str | None = config.get("append_system_prompt")
+        self.wake_grace_s = float(config.get("wake_grace_s", 10.0))
+        self.notification_grace_s = float(config.get("notification_grace_s", 0.5))
+        self.credential_ttl_s = int(config.get("credential_ttl_s", 7 * 24 * 3600))
+        self._sessions: dict[str, ClaudeSession] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+
+    def executable(self) -> str | None:
+        path = Path(self.cli_path).expanduser()
+        if os.sep in self.cli_path:
+            return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+        return shutil.which(self.cli_path)
+
+    def check(self) -> str | None:
+        if importlib.util.find_spec("claude_agent_sdk") is None:
+            return "the claude-agent-sdk package is not installed"
+        if self.executable() is None:
+            return f"Claude Code executable {self.cli_path!r} not found (set cli_path in [providers.claude])"
+        return None
+
+    async def close(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+
+    async def run_turn(self, turn: Turn) -> str | None:
+        session = await self._session(turn)
+        kind = str(turn.run.trigger.get("kind"))
+        item_id = turn.run.trigger.get("key")
+        if kind in WAKE_TRIGGERS and session.owns(item_id):
+            claimed = await session.wake(item_id, turn.run.id, self.wake_grace_s)
+            if not claimed:
+                self._remember(turn, session)
+                return session.last_reply
+        else:
+            claimed = await session.prompt(self._prompt(turn, kind), turn.run.id)
+        self._remember(turn, session)
+        reply: str | None = None
+        for cli_turn in claimed:
+            for text in cli_turn.texts:
+                turn.say(text)
+            reply = cli_turn.reply if cli_turn.reply is not None else reply
+        error = claimed[-1].error
+        if error:
+            raise ClaudeError(f"Claude Code: {error}")
+        return reply
+
+    @staticmethod
+    def _prompt(turn: Turn, kind: str) -> str:
+        if kind in _PROMPTED:
+            return turn.text
+        return f"[tether: {kind.replace('_', ' ')}]\n{turn.text}"
+
+    @staticmethod
+    def _remember(turn: Turn, session: ClaudeSession) -> None:
+        saved = dict(turn.thread.state.get("claude") or {})
+        if session.session_id and saved.get("sessionId") != session.session_id:
+            turn.save_state({**turn.thread.state, "claude": {**saved, "sessionId": session.session_id}})
+
+    # ------------------------------------------------------------------ sessions
+
+    async def _session(self, turn: Turn) -> ClaudeSession:
+        thread_id = turn.thread.id
+        lock = self._opening.setdefault(thread_id, asyncio.Lock())
+        async with lock:
+            session = self._sessions.get(thread_id)
+            if session is not None and not session.dead:
+                return session
+            if session is not None:
+                await session.close()
+            resume = (turn.thread.state.get("claude") or {}).get("sessionId")
+            try:
+                session = await self._open(turn, resume)
+            except Exception as exc:
+                if not resume:
+                    raise ClaudeError(f"could not start Claude Code: {exc}") from exc
+                log.warning(
+                    "claude thread %s: resuming %s failed (%s); starting afresh", thread_id, resume, exc
+                )
+                session = await self._open(turn, None)
+            self._sessions[thread_id] = session
+            return session
+
+    async def _open(self, turn: Turn, resume: str | None) -> ClaudeSession:
+        session = ClaudeSession(turn.thread.id, turn.runtime.commands, self.notification_grace_s)
+        append = SYSTEM_PROMPT.format(thread_id=turn.thread.id)
+        if self.append_system_prompt:
+            append += "\n\n" + self.append_system_prompt
+        options = sdk.ClaudeAgentOptions(
+            cli_path=self.executable() or self.cli_path,
+            cwd=str(turn.workspace),
+            model=self.model,
+            permission_mode=self.permission_mode,
+            allowed_tools=self.allowed_tools,
+            system_prompt={"type": "preset", "preset": "claude_code", "append": append},
+            resume=resume,
+            mcp_servers=self._mcp_config(turn) or {},
+            env={"CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS": "1", "TETHER_THREAD_ID": turn.thread.id},
+            stderr=session.on_stderr,
+        )
+        client = sdk.ClaudeSDKClient(options)
+        await client.connect()
+        session.client = client
+        session.session_id = resume
+        session.reader = asyncio.get_running_loop().create_task(
+            session.read(client.receive_messages()), name=f"claude {turn.thread.id}"
+        )
+        return session
+
+    def _mcp_config(self, turn: Turn) -> str | None:
+        """A ``--mcp-config`` file (mode 0600) naming tether's ``/mcp`` with a fresh
+        credential of this thread; None when this environment's URL is not known."""
+        environment = turn.runtime.environment
+        base = getattr(environment, "base_url", None)
+        if environment is None or not base:
+            log.warning(
+                "claude thread %s: no base URL known; the session gets no tether tools", turn.thread.id
+            )
+            return None
+        _, token = environment.mint_token(
+            f"claude session of {turn.thread.id}", "thread", turn.thread.id, self.credential_ttl_s
+        )
+        directory = Path(environment.data_dir) / "providers" / "claude"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{turn.thread.id}.mcp.json"
+        body = {
+            "mcpServers": {
+                "tether": {
+                    "type": "http",
+                    "url": f"{base}/mcp",
+                    "headers": {"Authorization": f"Bearer {token}"},
+                }
+            }
+        }
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(body, handle)
+        return str(path)

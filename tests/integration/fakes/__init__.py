@@ -1,0 +1,1 @@
+"""Fake outside services the integration tests talk to over real loopback sockets."""
