@@ -11,14 +11,18 @@ api_key_env = "OPENAI_API_KEY"
 [providers.claude]            # Claude Code through claude-agent-sdk
 cli_path = "claude"           # or the path of the executable
 model = "sonnet"
+permission_mode = "bypassPermissions"
 
 [providers.codex]             # codex exec --json
 executable = "codex"
 model = "gpt-5-codex"
+api_key_env = "CODEX_API_KEY"
 
 [events]
 retention_days = 7
 ```
+
+docs/agents.md lists every key of each provider.
 """
 
 from __future__ import annotations
