@@ -32,7 +32,7 @@ import httpx
 
 from tether.domain.records import Task, Thread
 from tether.ids import millis_between, new_id, now
-from tether.launch import Server, follow_events
+from tether.launch import Server
 from tether.store.sqlite import SQLiteStore
 
 RESULTS = Path(__file__).parent / "results"
@@ -104,19 +104,35 @@ def _start_pair(root: Path) -> tuple[Server, Server]:
 
 
 def _wait_delivered(server: Server, parent_id: str, expected: int, timeout: float) -> list[dict[str, Any]]:
+    """Follow the event feed until ``expected`` tasks of the parent delivered FINAL.
+
+    Counting from the events themselves keeps the waiting O(events), so the client does
+    not become what the fan-out figure measures."""
+    done: set[str] = set()
+    deadline = time.monotonic() + timeout
+    headers = {"Authorization": f"Bearer {server.token}"}
+    with httpx.stream(
+        "GET",
+        f"{server.url}/api/events",
+        params={"after": "0"},
+        headers=headers,
+        timeout=httpx.Timeout(timeout, connect=5.0),
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                event = json.loads(line[5:])
+                task = event.get("data") or {}
+                if (
+                    event["type"] == "task.delivery"
+                    and task.get("parentThreadId") == parent_id
+                    and task["delivery"]["state"] in ("delivered", "acknowledged")
+                    and (task.get("result") or {}).get("text") == "FINAL"
+                ):
+                    done.add(task["taskId"])
+            if len(done) >= expected or time.monotonic() > deadline:
+                break
     with server.client() as client:
-
-        def check() -> list[dict[str, Any]] | None:
-            tasks = client.get("/api/tasks", params={"parentThreadId": parent_id}).json()["tasks"]
-            done = [
-                t
-                for t in tasks
-                if t["delivery"]["state"] in ("delivered", "acknowledged")
-                and (t["result"] or {}).get("text") == "FINAL"
-            ]
-            return tasks if len(done) >= expected else None
-
-        return follow_events(server.url, server.token, check, timeout) or []
+        return client.get("/api/tasks", params={"parentThreadId": parent_id}).json()["tasks"]
 
 
 def bench_latency(root: Path, n: int) -> dict[str, Any]:

@@ -469,8 +469,15 @@ class Commands:
             task_id=task.id,
             environment_id=task.child_environment_id,
         )
+        return self._start_item(u, item)
+
+    @staticmethod
+    def _start_item(u: Unit, item: Item, outbox: str | None = None) -> Item:
+        """Record a new background item (and the side effect that starts it)."""
         u.save(item)
         u.emit("item.started", item_view(item), thread_id=item.thread_id)
+        if outbox:
+            u.tx.add_outbox(outbox, {"itemId": item.id})
         u.mark(item.thread_id)
         return item
 
@@ -722,11 +729,7 @@ class Commands:
                 persistent=persistent,
                 timeout_ms=timeout_ms,
             )
-            u.save(item)
-            u.emit("item.started", item_view(item), thread_id=thread.id)
-            if spawn:
-                u.tx.add_outbox("process.start", {"itemId": item.id})
-            u.mark(thread.id)
+            self._start_item(u, item, "process.start" if spawn else None)
             return item_view(item)
 
     def process_spawned(self, item_id: str, pid: int, pid_start: str | None) -> bool:
@@ -818,11 +821,7 @@ class Commands:
                 due_at=due,
                 text=text,
             )
-            u.save(item)
-            u.emit("item.started", item_view(item), thread_id=thread.id)
-            u.tx.add_outbox("timer.arm", {"itemId": item.id})
-            u.mark(thread.id)
-            return item_view(item)
+            return item_view(self._start_item(u, item, "timer.arm"))
 
     def schedule_due(self, item_id: str) -> None:
         with self.unit() as u:
