@@ -6,7 +6,7 @@ renders them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Self
 
 from tether.domain.types import (
@@ -23,14 +23,30 @@ from tether.domain.types import (
 
 
 class Record:
-    """Mixin: round-trip through plain dicts (and so JSON)."""
+    """Mixin: round-trip through plain dicts (and so JSON).
+
+    Shallow on purpose: records hold only JSON values, and ``dataclasses.asdict``'s deep
+    copy was the single largest cost of every write.
+    """
+
+    _names: tuple[str, ...] = ()
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls._names = ()  # filled on first use, once the dataclass decorator has run
+
+    @classmethod
+    def _fields(cls) -> tuple[str, ...]:
+        if not cls._names:
+            cls._names = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+        return cls._names
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
+        return {name: getattr(self, name) for name in self._fields()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        known = cls._fields()
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
@@ -185,6 +201,9 @@ class Task(Record):
     remote_pending: str | None = None
     #: What the peer needs to create the child: ``{task, provider}``.
     remote_request: dict[str, Any] | None = None
+    #: The child still has a run or background work that will wake it (latest task only):
+    #: even once this task ended, a follow-up may come, so the parent still waits.
+    child_active: bool = False
 
     @property
     def is_open(self) -> bool:

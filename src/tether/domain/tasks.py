@@ -81,6 +81,7 @@ _MIRRORED = {
     "result": "result",
     "progress": "progress",
     "completedAt": "completed_at",
+    "childActive": "child_active",
 }
 
 
@@ -100,6 +101,15 @@ def mirror_progress(task: Task, view: dict[str, Any]) -> bool:
     new = [entry for entry in view.get("progress") or [] if entry.get("runId") not in known]
     task.progress.extend(new)
     return bool(new)
+
+
+def mirror_child_active(task: Task, view: dict[str, Any]) -> bool:
+    """Whether a remote child still has work that will wake it; True if that changed."""
+    active = view.get("childActive")
+    if active is None or bool(active) == task.child_active:
+        return False
+    task.child_active = bool(active)
+    return True
 
 
 def follow_up(original: Task, task_id: str, at: str) -> Task:

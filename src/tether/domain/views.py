@@ -83,6 +83,7 @@ def task_view(task: Task) -> dict[str, Any]:
         },
         "createdAt": task.created_at,
         "completedAt": task.completed_at,
+        "childActive": task.child_active,
     }
 
 

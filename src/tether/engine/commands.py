@@ -311,7 +311,7 @@ class Commands:
         runs.start(run, u.at)
         u.save(run)
         u.emit("run.started", run_view(run), thread_id=thread.id, run_id=run.id)
-        u.tx.add_outbox("run.execute", {"runId": run.id})
+        u.outbox("run.execute", {"runId": run.id})
         self._on_run_started(u, thread, run)
 
     def _on_run_started(self, u: Unit, thread: Thread, run: Run) -> None:
@@ -408,7 +408,8 @@ class Commands:
 
     def _reconcile(self, u: Unit, thread: Thread) -> None:
         active = u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN))
-        items = u.query(Item, thread_id=thread.id, status=ItemStatus.RUNNING)
+        # Only whether something holds the thread matters: one held item is enough.
+        items = u.query(Item, limit=1, thread_id=thread.id, held=True)
         settled = threads.is_settled(active, items)
         status = threads.status(active)
         if (thread.status, thread.settled) != (status, settled):
@@ -423,11 +424,32 @@ class Commands:
             if task.work_state != state:
                 task.work_state = state
                 self._save_task(u, task)
+        busy = bool(active) or bool(u.query(Item, limit=1, thread_id=thread.id, status=ItemStatus.RUNNING))
+        self._note_child_active(u, thread, busy)  # before the answer: its event carries it
         if settled and not thread.cancelled and (thread.pending_answer_run_id or task):
             answer = u.load(Run, thread.pending_answer_run_id)
             thread.pending_answer_run_id = None
             u.save(thread)
             self._answer(u, thread, answer)
+            self._note_child_active(u, thread, busy)  # the answer may have opened a follow-up
+
+    def _note_child_active(self, u: Unit, thread: Thread, active: bool) -> None:
+        """Mark the child's latest task while the child still has work that will wake it
+        (a run, or any background work): a follow-up may yet come, so its parent is not
+        done waiting even though the task ended (SPEC §10; mirrored to a remote origin)."""
+        latest = u.load(Task, thread.latest_task_id)
+        if latest is None or not self._local_side(latest, latest.child_thread_id):
+            return
+        wanted = active and not thread.cancelled
+        if latest.child_active == wanted:
+            return
+        latest.child_active = wanted
+        self._save_task(u, latest)
+        if wanted:  # a new stretch of work: no earlier task of this child stays marked
+            for task in u.query(Task, child_thread_id=thread.id):
+                if task.child_active and task.id != latest.id:
+                    task.child_active = False
+                    self._save_task(u, task)
 
     def _answer(self, u: Unit, thread: Thread, answer: Run | None) -> None:
         """The child settled: its last answer completes the open task or a new follow-up (G1)."""
@@ -477,7 +499,7 @@ class Commands:
         u.save(item)
         u.emit("item.started", item_view(item), thread_id=item.thread_id)
         if outbox:
-            u.tx.add_outbox(outbox, {"itemId": item.id})
+            u.outbox(outbox, {"itemId": item.id})
         u.mark(item.thread_id)
         return item
 
@@ -651,7 +673,7 @@ class Commands:
         else:
             task.remote_pending = "cancel"
             u.save(task)
-            u.tx.add_outbox("peer.push", {"environmentId": task.child_environment_id})
+            u.outbox("peer.push", {"environmentId": task.child_environment_id})
         self._task_ended(u, task, by_parent)
 
     def interrupt(self, caller: Caller, thread_id: str, stop: bool = False) -> dict[str, Any]:
@@ -666,7 +688,7 @@ class Commands:
         for run in u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN)):
             if run.status == RunStatus.RUNNING:
                 self._end_run(u, run, status, run.reply, reason)
-                u.tx.add_outbox("run.stop", {"runId": run.id})
+                u.outbox("run.stop", {"runId": run.id})
             elif stop_all and run.kind != Trigger.DELEGATED_TASK:
                 # A queued completion wake is delivery, not work: stopping the thread
                 # must not drop the answers it carries (G1); it runs after the stop.
@@ -686,7 +708,7 @@ class Commands:
                 u.save(item)
                 u.emit("item.ended", item_view(item), thread_id=thread.id)
                 if item.kind in (ItemKind.COMMAND, ItemKind.MONITOR):
-                    u.tx.add_outbox("process.kill", {"itemId": item.id})
+                    u.outbox("process.kill", {"itemId": item.id})
         if status == RunStatus.INTERRUPTED and (stopped_runs or stopped_items) and thread.open_task_id:
             thread.interrupted = True  # its task ends "interrupted", whatever the last reply
             u.save(thread)
@@ -843,6 +865,29 @@ class Commands:
             u.mark(thread.id)
             return item_view(item)
 
+    def stop_item(self, caller: Caller, item_id: str, reason: str = "stopped by a person") -> dict[str, Any]:
+        """Stop one background item (the web page's per-item stop). A command or monitor
+        ends ``cancelled`` and its thread is woken as for any end (it must learn that its
+        work is gone); a schedule is dropped; a task is cancelled (``task_cancel``)."""
+        with self.unit() as u:
+            item = u.need(Item, item_id, "background item")
+            thread = self.thread_for(u, caller, item.thread_id)
+            stopped = item.is_running
+            if item.is_running and item.kind == ItemKind.TASK:
+                task = u.load(Task, item.task_id)
+                if task is not None and task.is_open:
+                    self._cancel(u, task, False, reason)
+            elif item.is_running and item.kind == ItemKind.SCHEDULE:
+                background.end(item, ItemStatus.CANCELLED, u.at, reason=reason)
+                u.save(item)
+                u.emit("item.ended", item_view(item), thread_id=thread.id)
+                u.mark(thread.id)
+            elif item.is_running:
+                self._item_ended(u, item, ItemStatus.CANCELLED, None, reason)
+                u.outbox("process.kill", {"itemId": item.id})
+            return {"itemId": item.id, "threadId": thread.id, "kind": item.kind, "status": item.status,
+                    "stopped": stopped}
+
     @staticmethod
     def find_item(u: Unit, thread: Thread, ref: str) -> Item:
         item = u.load(Item, ref)
@@ -894,7 +939,7 @@ class Commands:
             )
             self._save_task(u, record, "task.created")
             self._task_item(u, record, hold)
-            u.tx.add_outbox("peer.push", {"environmentId": environment_id})
+            u.outbox("peer.push", {"environmentId": environment_id})
             return task_view(record)
 
         return self._once(caller, "delegate", client_request_id, body)
@@ -948,8 +993,8 @@ class Commands:
             return
         if not task.is_open:
             # Ended here already: only later progress (a persistent monitor's lines after
-            # the result) still belongs to it (G4, G5).
-            if tasks.mirror_progress(task, view):
+            # the result) and whether its child still has work still belong to it (G4, G5).
+            if tasks.mirror_progress(task, view) | tasks.mirror_child_active(task, view):
                 self._save_task(u, task)
             return
         tasks.mirror(task, view)

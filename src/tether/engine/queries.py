@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tether.domain import attention
+from tether.domain.ledger import ledger
 from tether.domain.records import Item, Message, Run, Task, Thread
-from tether.domain.types import ACTIVE_RUN, RunStatus
+from tether.domain.types import ACTIVE_RUN, ItemStatus, RunStatus
 from tether.domain.views import item_view, message_view, run_view, task_view, thread_summary
 from tether.engine.commands import Commands
 from tether.engine.unit import Unit
@@ -24,12 +26,17 @@ class Queries:
     def thread(self, caller: Caller, thread_id: str) -> dict[str, Any]:
         with self.commands.unit() as u:
             thread = self.commands.thread_for(u, caller, thread_id)
+            runs = u.query(Run, thread_id=thread.id)
+            items = u.query(Item, thread_id=thread.id)
+            delegated = u.query(Task, parent_thread_id=thread.id)
             return {
                 **thread_summary(thread, self.environment_id),
-                "runs": [run_view(r) for r in u.query(Run, thread_id=thread.id)],
+                **attention.summary(thread, runs, items, delegated),
+                "runs": [run_view(r) for r in runs],
                 "messages": [message_view(m) for m in u.query(Message, thread_id=thread.id)],
-                "background": [item_view(i) for i in u.query(Item, thread_id=thread.id)],
-                "tasks": [task_view(t) for t in u.query(Task, parent_thread_id=thread.id)],
+                "background": [item_view(i) for i in items],
+                "tasks": [task_view(t) for t in delegated],
+                "ledger": ledger(delegated, runs),
             }
 
     def threads(self, caller: Caller) -> list[dict[str, Any]]:
@@ -37,7 +44,9 @@ class Queries:
             where = {"token_id": caller.token_id} if caller.kind == "link" else {}
             found = u.query(Thread, **where)
             return [
-                thread_summary(t, self.environment_id) for t in found if self.commands.visible(u, caller, t)
+                {**thread_summary(t, self.environment_id), **attention_fields(u, t)}
+                for t in found
+                if self.commands.visible(u, caller, t)
             ]
 
     def messages(self, caller: Caller, thread_id: str, after: int = 0, limit: int = 100) -> dict[str, Any]:
@@ -86,6 +95,19 @@ class Queries:
         with self.commands.unit() as u:
             thread = self.commands.thread_for(u, caller, thread_id)
             return _wait_answer(u, thread, until_settled, after_run_id)
+
+
+def attention_fields(u: Unit, thread: Thread) -> dict[str, Any]:
+    """``{attention, attentionSince}`` of one thread (SPEC §10), read with few queries."""
+    active = u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN))
+    items = u.query(Item, thread_id=thread.id, status=ItemStatus.RUNNING)
+    open_tasks = [t for t in u.query(Task, parent_thread_id=thread.id) if attention.will_answer(t)]
+    last = u.query(Run, thread_id=thread.id, seq=thread.run_count)
+    if last and last[0].is_progress:
+        last = [attention.last_answer_run(u.query(Run, thread_id=thread.id))] if thread.run_count else []
+    found = last[0] if last else None
+    state = attention.attention(thread, active, items, open_tasks, found)
+    return {"attention": state, "attentionSince": attention.since(state, thread, active, items, found)}
 
 
 def _wait_answer(

@@ -119,7 +119,8 @@ class Runtime:
 
     def _committed(self, touched: set[str]) -> None:
         self.notifier.notify(touched)
-        self._kick()
+        if "outbox" in touched:
+            self._kick()
 
     def _kick(self) -> None:
         if not self._started:
@@ -148,9 +149,13 @@ class Runtime:
                             await result
                 except Exception:
                     log.exception("outbox row %s %s failed; dropping it", row.kind, row.payload)
+            if rows:
+                # One transaction for the batch: a crash before it re-runs the handlers,
+                # which are idempotent.
                 with self.store.transaction() as tx:
-                    tx.remove_outbox(row.id)
-            if not rows and not self._drain_again:
+                    for row in rows:
+                        tx.remove_outbox(row.id)
+            elif not self._drain_again:
                 return
 
     # ------------------------------------------------------------------ runs

@@ -85,5 +85,10 @@ class Unit:
         if task_id:
             self.touched.add(f"task:{task_id}")
 
+    def outbox(self, kind: str, payload: dict[str, Any]) -> None:
+        """A side effect to carry out after commit (see ``tether.engine.runtime``)."""
+        self.tx.add_outbox(kind, payload)
+        self.touched.add("outbox")
+
     def mark(self, thread_id: str) -> None:
         self.dirty[thread_id] = None

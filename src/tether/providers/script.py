@@ -144,12 +144,16 @@ class ScriptProvider:
         turn.save_state(state)
         context = _Context(turn.text, state["tasks"])
         reply: str | None = None
+        saved = json.dumps(state, sort_keys=True)
         for number, action in enumerate(script["rules"][index].get("do", [])):
             name = next(key for key in action if key in _ACTIONS)
             said = await getattr(self, f"_{name}")(turn, action, context, state, f"{turn.run.id}:{number}")
             if name == "reply":
                 reply = said
-            turn.save_state(state)
+            now_state = json.dumps(state, sort_keys=True)
+            if now_state != saved:  # an action recorded an id or a task: keep it durable
+                turn.save_state(state)
+                saved = now_state
         return reply
 
     # Actions. Each takes (turn, action, context, state, key); ``key`` is unique per run and

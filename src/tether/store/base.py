@@ -37,7 +37,7 @@ TABLES: dict[type[Record], Table] = {
     Thread: Table("threads", "id", ("token_id",), "rowid"),
     Run: Table("runs", "id", ("thread_id", "status", "seq"), "seq"),
     Message: Table("messages", "id", ("thread_id", "seq", "run_id"), "seq"),
-    Item: Table("items", "id", ("thread_id", "status", "kind", "task_id"), "rowid"),
+    Item: Table("items", "id", ("thread_id", "status", "kind", "task_id", "held"), "rowid"),
     Task: Table(
         "tasks",
         "id",

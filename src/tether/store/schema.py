@@ -50,4 +50,14 @@ MIGRATIONS: list[str] = [
     ALTER TABLE tasks ADD COLUMN remote_pending TEXT;
     CREATE INDEX tasks_remote ON tasks(remote_pending);
     """,
+    # 3: whether an item holds its thread, as a column: "is anything held?" becomes one
+    #    indexed lookup instead of decoding every running item of a busy parent.
+    """
+    ALTER TABLE items ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
+    UPDATE items SET held = (status = 'running' AND (
+        (kind = 'command' AND json_extract(data, '$.awaited'))
+        OR (kind = 'monitor' AND NOT json_extract(data, '$.persistent'))
+        OR (kind IN ('schedule', 'task') AND json_extract(data, '$.hold'))));
+    CREATE INDEX items_held ON items(thread_id, held);
+    """,
 ]
