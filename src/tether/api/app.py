@@ -19,6 +19,7 @@ from tether.environment import Environment
 from tether.providers import usability
 from tether.tools import mcp
 from tether.types import Caller
+from tether.web import routes as web
 
 
 def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
@@ -68,6 +69,7 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
     app.include_router(tasks.router)
     app.include_router(events.router)
     app.include_router(links.router)
+    app.include_router(web.router)
     # Exactly /mcp, no redirect to /mcp/ (a Mount would add one).
     app.router.routes.append(Route("/mcp", endpoint=mcp_app, methods=["GET", "POST", "DELETE"]))
     app.add_middleware(BodyLimit)

@@ -236,3 +236,20 @@ class Link(Record):
     status: str = "ok"
     last_error: str | None = None
     cursor: str | None = None
+
+
+@dataclass
+class Send(Record):
+    """A message for a thread in a linked environment, kept until the peer has taken it,
+    so a ``thread_send`` made while the link is down flows once it heals (G7)."""
+
+    id: str
+    environment_id: str
+    thread_id: str
+    text: str
+    created_at: str
+    mode: str = "auto"
+    origin: dict[str, Any] | None = None
+    status: str = "pending"  # pending | sent | failed
+    result: dict[str, Any] | None = None
+    error: str | None = None

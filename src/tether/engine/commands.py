@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from tether.domain import background, runs, tasks, threads
-from tether.domain.records import Item, Link, Message, Run, Task, Thread
+from tether.domain.records import Item, Link, Message, Run, Send, Task, Thread
 from tether.domain.types import (
     ACTIVE_RUN,
     OPEN_TASK,
@@ -885,8 +885,13 @@ class Commands:
             elif item.is_running:
                 self._item_ended(u, item, ItemStatus.CANCELLED, None, reason)
                 u.outbox("process.kill", {"itemId": item.id})
-            return {"itemId": item.id, "threadId": thread.id, "kind": item.kind, "status": item.status,
-                    "stopped": stopped}
+            return {
+                "itemId": item.id,
+                "threadId": thread.id,
+                "kind": item.kind,
+                "status": item.status,
+                "stopped": stopped,
+            }
 
     @staticmethod
     def find_item(u: Unit, thread: Thread, ref: str) -> Item:
@@ -943,6 +948,37 @@ class Commands:
             return task_view(record)
 
         return self._once(caller, "delegate", client_request_id, body)
+
+    def queue_send(
+        self,
+        caller: Caller,
+        environment_id: str,
+        thread_id: str,
+        text: str,
+        mode: str = "auto",
+        client_request_id: str | None = None,
+    ) -> Send:
+        """``thread_send`` to a linked environment: kept here first, then pushed. The
+        send's id is the idempotency key the peer sees, so retries deliver it once."""
+
+        def body(u: Unit) -> dict[str, Any]:
+            origin = self._origin(caller) or {"environmentId": self.environment_id}
+            send = Send(new_id("snd"), environment_id, thread_id, text, u.at, mode, origin)
+            u.save(send)
+            u.outbox("peer.push", {"environmentId": environment_id})
+            return {"sendId": send.id}
+
+        key = f"send:{environment_id}:{thread_id}"
+        send_id = self._once(caller, key, client_request_id, body)["sendId"]
+        with self.unit() as u:
+            return u.need(Send, send_id, "send")
+
+    def send_done(self, send_id: str, result: dict[str, Any] | None = None, error: str | None = None) -> None:
+        with self.unit() as u:
+            send = u.need(Send, send_id, "send")
+            if send.status == "pending":
+                send.status, send.result, send.error = ("failed" if error else "sent"), result, error
+                u.save(send)
 
     def remote_sent(self, task_id: str, child_thread_id: str | None = None) -> None:
         """The peer took the pending call; a created child's thread id is now known."""
@@ -1011,7 +1047,8 @@ class Commands:
         waiting: a new link carries it."""
         with self.unit() as u:
             lost = [
-                t for t in u.query(Task, status=list(OPEN_TASK), parent_environment_id=self.environment_id)
+                t
+                for t in u.query(Task, status=list(OPEN_TASK), parent_environment_id=self.environment_id)
                 if t.child_environment_id == environment_id and t.remote_pending != "create"
             ]
             for task in lost:

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tether.domain.records import Link, Task
+from tether.domain.records import Link, Send, Task
 from tether.errors import Conflict, Invalid, NotFound, TetherError, Unavailable
 from tether.ids import now
 from tether.store.base import OutboxRow
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 RETRY_MAX = 1.0  # G7: the origin retries at most 1 s apart
 KEEPALIVE = 0.5  # seconds between keepalives we ask the peer for
 CALL_DEADLINE = 10.0  # how long an interactive call keeps retrying
+SEND_WAIT = 5.0  # how long thread_send waits for the peer before answering "pending"
 
 
 def check_url(url: str, insecure: bool) -> str:
@@ -215,7 +216,15 @@ class Peer:
                 for t in tx.find(Task, remote_pending=["create", "cancel"])
                 if t.child_environment_id == self.environment_id
             ]
+            sends = tx.find(Send, environment_id=self.environment_id, status="pending")
         left = 0
+        for send in sends:
+            try:
+                await self._send(send)
+            except (httpx.TransportError, Unavailable):
+                left += 1
+            except TetherError:
+                pass  # refused for good: recorded as failed by _send
         for task in pending:
             try:
                 if task.remote_pending == "create":
@@ -308,13 +317,34 @@ class Peer:
         mode: str = "auto",
         client_request_id: str | None = None,
     ) -> dict[str, Any]:
-        body = {
-            "text": message,
-            "mode": mode,
-            "origin": self._origin(caller),
-            "clientRequestId": client_request_id,
-        }
-        return await self._call("POST", f"/api/threads/{thread_id}/messages", json=body)
+        """Kept first, then sent: with the link up the peer's answer comes back at once;
+        with it down the call answers ``delivery: "pending"`` and the message flows, once,
+        when the link heals (G7)."""
+        send = self.commands.queue_send(
+            caller, self.environment_id, thread_id, message, mode, client_request_id
+        )
+        if send.status == "sent" and send.result is not None:
+            return send.result
+        if send.status == "failed":
+            raise Invalid(send.error or "the peer refused the message")
+        try:
+            return await asyncio.wait_for(self._send(send), SEND_WAIT)
+        except (httpx.TransportError, Unavailable, TimeoutError):
+            self.kick()
+            return {"messageId": None, "runId": None, "delivery": "pending", "sendId": send.id}
+
+    async def _send(self, send: Send) -> dict[str, Any]:
+        body = {"text": send.text, "mode": send.mode, "origin": send.origin, "clientRequestId": send.id}
+        response = await self.http.post(f"/api/threads/{send.thread_id}/messages", json=body)
+        if response.status_code < 300:
+            result = response.json()
+            self.commands.send_done(send.id, result)
+            return result
+        if response.status_code == 401 or response.status_code >= 500:
+            raise Unavailable(f"environment {self.link.name} answered {response.status_code}", "unreachable")
+        error = _error(response)
+        self.commands.send_done(send.id, error=error.message)
+        raise error
 
     async def thread_read(self, caller: Caller, thread_id: str, after: int, limit: int) -> dict[str, Any]:
         return await self._call(

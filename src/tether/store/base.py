@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tether.domain.records import Item, Link, Message, Record, Run, Task, Thread, Token
+from tether.domain.records import Item, Link, Message, Record, Run, Send, Task, Thread, Token
 
 R = TypeVar("R", bound=Record)
 
@@ -53,6 +53,7 @@ TABLES: dict[type[Record], Table] = {
     ),
     Token: Table("tokens", "id", ("hash", "kind", "thread_id"), "rowid"),
     Link: Table("links", "environment_id", (), "rowid"),
+    Send: Table("sends", "id", ("environment_id", "status"), "rowid"),
 }
 
 

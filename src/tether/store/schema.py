@@ -60,4 +60,10 @@ MIGRATIONS: list[str] = [
         OR (kind IN ('schedule', 'task') AND json_extract(data, '$.hold'))));
     CREATE INDEX items_held ON items(thread_id, held);
     """,
+    # 4: messages for threads in linked environments, kept until the peer took them.
+    """
+    CREATE TABLE sends (id TEXT PRIMARY KEY, environment_id TEXT NOT NULL, status TEXT NOT NULL,
+                        data TEXT NOT NULL);
+    CREATE INDEX sends_pending ON sends(environment_id, status);
+    """,
 ]

@@ -1,0 +1,1 @@
+"""The web page of ``tether serve`` (SPEC §10)."""

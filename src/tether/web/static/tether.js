@@ -1,0 +1,215 @@
+// tether's web page: live fragments from the event feed, and actions as plain POSTs.
+//
+// The server sends re-rendered fragments, each with a stable element id. A fragment
+// replaces the element with its id, or is inserted into its container in order. A
+// fragment sent twice (a replay after a reconnect) replaces the same element again, so
+// nothing is ever doubled; the cursor (the SSE id) resumes the feed after a drop, so
+// nothing is missed.
+(function () {
+  "use strict";
+
+  const body = document.body;
+  const liveUrl = body.dataset.live;
+  const status = document.getElementById("live-status");
+  const notice = document.getElementById("notice");
+  let cursor = body.dataset.cursor || "";
+  let source = null;
+  let held = false;
+  let timer = null;
+  let retry = 250;
+
+  function setStatus(state, text) {
+    if (!status) return;
+    status.dataset.state = state;
+    status.textContent = text;
+  }
+
+  // ------------------------------------------------------------------ fragments
+
+  function insertSorted(container, node) {
+    const order = node.dataset.order || "";
+    const desc = container.dataset.sort === "desc";
+    for (const child of container.children) {
+      const other = child.dataset.order;
+      if (other === undefined) continue;
+      if (desc ? other < order : other > order) {
+        container.insertBefore(node, child);
+        return;
+      }
+    }
+    container.appendChild(node);
+  }
+
+  function keepOpen(old, node) {
+    // A fold the person opened stays open when its run is re-rendered.
+    for (const details of old.querySelectorAll("details[open]")) {
+      const twin = details.id ? node.querySelector("#" + CSS.escape(details.id)) : null;
+      if (twin) twin.open = true;
+    }
+    if (old.tagName === "DETAILS" && old.open) node.open = true;
+  }
+
+  function apply(message) {
+    for (const fragment of message.fragments || []) {
+      const template = document.createElement("template");
+      template.innerHTML = fragment.html.trim();
+      const node = template.content.firstElementChild;
+      if (!node) continue;
+      const old = document.getElementById(fragment.id);
+      const container = fragment.container ? document.getElementById(fragment.container) : null;
+      if (old && (!fragment.container || old.parentElement === container)) {
+        keepOpen(old, node);
+        old.replaceWith(node);
+      } else if (container) {
+        if (old) old.remove();
+        insertSorted(container, node);
+      } else if (old && !container) {
+        old.replaceWith(node);
+      }
+    }
+    counts();
+    tick();
+  }
+
+  function counts() {
+    for (const count of document.querySelectorAll("[data-count-for]")) {
+      const list = document.getElementById(count.dataset.countFor);
+      if (list) count.textContent = String(list.children.length);
+    }
+  }
+
+  function showNotice(html, isError) {
+    if (!notice) return;
+    notice.innerHTML = html;
+    if (isError) notice.firstElementChild && notice.firstElementChild.classList.add("error");
+  }
+
+  // ------------------------------------------------------------------ elapsed time
+
+  function secondsText(total) {
+    total = Math.max(0, Math.floor(total));
+    if (total < 60) return total + " s";
+    if (total < 3600) return Math.floor(total / 60) + " min " + (total % 60) + " s";
+    return Math.floor(total / 3600) + " h " + Math.floor((total % 3600) / 60) + " min";
+  }
+
+  function tick() {
+    const now = Date.now();
+    for (const time of document.querySelectorAll("time[data-since]")) {
+      const since = Date.parse(time.dataset.since);
+      if (!isNaN(since)) time.textContent = secondsText((now - since) / 1000);
+    }
+  }
+
+  // ------------------------------------------------------------------ the live feed
+
+  function connect() {
+    clearTimeout(timer);
+    timer = null;
+    if (!liveUrl || held) return;
+    if (source) source.close();
+    const url = liveUrl + (liveUrl.includes("?") ? "&" : "?") + "after=" + encodeURIComponent(cursor);
+    source = new EventSource(url);
+    source.onopen = function () {
+      retry = 250;
+      setStatus("live", "live");
+    };
+    source.addEventListener("fragments", function (event) {
+      apply(JSON.parse(event.data));
+      if (event.lastEventId) {
+        cursor = event.lastEventId;
+        body.dataset.cursor = cursor;
+      }
+      setStatus("live", "live");
+    });
+    source.addEventListener("reload", function () {
+      window.location.reload();
+    });
+    source.onerror = function () {
+      drop(false);
+    };
+  }
+
+  function drop(hold) {
+    // The connection is gone (or a test dropped it): close it ourselves, so the browser does
+    // not reconnect with a stale URL, and come back from our cursor.
+    if (source) source.close();
+    source = null;
+    held = Boolean(hold);
+    setStatus("reconnecting", held ? "disconnected" : "reconnecting…");
+    if (held) return;
+    clearTimeout(timer);
+    timer = setTimeout(function () {
+      fetch("/ui/ping", { credentials: "same-origin" })
+        .then(function (response) {
+          if (response.status === 401) {
+            window.location.href = "/signin?next=" + encodeURIComponent(window.location.pathname);
+            return;
+          }
+          connect();
+        })
+        .catch(function () {
+          drop(false);
+        });
+    }, retry);
+    retry = Math.min(2000, retry * 2);
+  }
+
+  // ------------------------------------------------------------------ actions
+
+  document.addEventListener("submit", function (event) {
+    const form = event.target;
+    if (!form.matches || !form.matches("form[data-fragment]")) return;
+    event.preventDefault();
+    const data = new URLSearchParams(new FormData(form, event.submitter));
+    const buttons = form.querySelectorAll("button");
+    buttons.forEach(function (b) { b.disabled = true; });
+    fetch(form.action, {
+      method: "POST",
+      body: data,
+      credentials: "same-origin",
+      headers: { "X-Tether-Fragment": "1", Accept: "application/json" },
+    })
+      .then(function (response) {
+        if (response.status === 401) {
+          window.location.href = "/signin?next=" + encodeURIComponent(window.location.pathname);
+          return null;
+        }
+        return response.json().then(function (answer) {
+          if (answer.error) {
+            showNotice('<div class="notice error"><p></p></div>', true);
+            notice.querySelector("p").textContent = answer.error.message;
+            return;
+          }
+          apply(answer);
+          if (answer.notice) showNotice(answer.notice, false);
+          if (form.querySelector("textarea")) form.reset();
+        });
+      })
+      .catch(function (error) {
+        showNotice('<div class="notice error"><p></p></div>', true);
+        notice.querySelector("p").textContent = "The request failed: " + error;
+      })
+      .finally(function () {
+        buttons.forEach(function (b) { b.disabled = false; });
+      });
+  });
+
+  window.tetherLive = {
+    drop: function () { drop(true); },
+    // Reconnect; with ``from``, resume from that cursor (a replay: nothing may double).
+    restore: function (from) {
+      if (from !== undefined) cursor = String(from);
+      held = false;
+      retry = 250;
+      connect();
+    },
+    get cursor() { return cursor; },
+    get state() { return status ? status.dataset.state : "none"; },
+  };
+
+  counts();
+  tick();
+  setInterval(tick, 1000);
+  connect();
+})();
