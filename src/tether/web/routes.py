@@ -104,12 +104,22 @@ def _page(request: Request, template: str, title: str, status: int = 200, **extr
     return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
 
 
+def _stamp(fragments: list[dict[str, Any]], version: int) -> list[dict[str, Any]]:
+    """Mark fragments with the newest event their state includes (at least): the page never
+    lets an older fragment (an action's answer that arrives late) replace a newer one. A
+    fragment labelled too low is harmless: the live feed re-renders after those events."""
+    for fragment in fragments:
+        fragment["v"] = version
+    return fragments
+
+
 def _answer(
     request: Request, fragments: list[dict[str, Any]], notice: str, secret: str | None = None
 ) -> Response:
     """An action's answer: the fragments it changed and what it did (or, without script,
     a page that says so)."""
     html = render("partials/notice.html", notice=notice, secret=secret)
+    _stamp(fragments, environment(request).store.last_event_seq())
     if request.headers.get("x-tether-fragment"):
         return JSONResponse({"fragments": fragments, "notice": html})
     return _page(request, "message.html", "Done", text=notice + (f" Token: {secret}" if secret else ""))
@@ -483,7 +493,9 @@ async def live(
             if batch:
                 events = [event_json(e, local) for e in batch]
                 keys = model.affected(events, view, thread, local)
+                version = env.store.last_event_seq()  # read before the state it labels
                 fragments = await _live_fragments(env, view, thread, environment_id, keys) if keys else []
+                _stamp(fragments, version)
                 cursor = batch[-1].seq
                 yield _frame("fragments", cursor, {"fragments": fragments})
                 continue

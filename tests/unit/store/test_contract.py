@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tether.domain.records import Item, Link, Message, Record, Run, Task, Thread, Token
+from tether.domain.records import Item, Link, Message, Record, Run, Send, Task, Thread, Token
 from tether.domain.types import Delivery, ItemKind, RunStatus, TaskStatus
 from tether.store import schema
 from tether.store.base import TABLES, Store
@@ -61,6 +61,9 @@ def samples() -> list[Record]:
              delivery_state=Delivery.ACKNOWLEDGED, hold=False),
         Token(id="tok_1", label="peer", hash="h" * 64, created_at=AT, thread_id="thr_1", revoked=True),
         Link(environment_id="env_b", name="b", url="http://b", token="secret", created_at=AT, cursor="17"),
+        Send(id="snd_1", environment_id="env_b", thread_id="thr_9", text="go on", created_at=AT,
+             origin={"environmentId": "env_a", "threadId": "thr_1"}, status="sent",
+             result={"messageId": "msg_9", "runId": None, "delivery": "queued"}),
     ]
 
 
@@ -534,5 +537,5 @@ class TestSQLiteStore(StoreContract):
 
 
 def test_every_record_kind_has_a_table() -> None:
-    assert set(TABLES) == {Thread, Run, Message, Item, Task, Token, Link}
+    assert set(TABLES) == {Thread, Run, Message, Item, Task, Token, Link, Send}
     assert {type(r) for r in samples()} == set(TABLES)

@@ -56,6 +56,12 @@
       const node = template.content.firstElementChild;
       if (!node) continue;
       const old = document.getElementById(fragment.id);
+      if (fragment.v !== undefined) {
+        // Never let an older state replace a newer one (an action's answer arriving after
+        // the live feed already showed what came next).
+        if (old && old.dataset.v !== undefined && Number(old.dataset.v) > fragment.v) continue;
+        node.dataset.v = String(fragment.v);
+      }
       const container = fragment.container ? document.getElementById(fragment.container) : null;
       if (old && (!fragment.container || old.parentElement === container)) {
         keepOpen(old, node);

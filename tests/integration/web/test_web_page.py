@@ -1,0 +1,372 @@
+"""SPEC §10 in a real browser: two linked ``tether serve`` processes and Debian's headless
+Chromium. Sign in; probe 1 with a remote child, watched from the parent's page (working →
+waiting → settled only once FINAL arrived, the follow-up and its wake in the ledger);
+cancelling a task from the page; dropping and restoring the live connection mid-run with
+nothing missed and nothing doubled. Screenshots of the main views go to docs/screenshots/.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from webkit import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    await_view,
+    chromium_or_skip,
+    health,
+    link,
+    new_thread,
+    screenshot,
+    sign_in,
+    thread,
+    unique_ids,
+    wait_settled,
+)
+
+from tether.launch import Server
+from tether.probes import child_script
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+WAIT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
+    root: Path = tmp_path_factory.mktemp("web")
+    alpha, beta = Server(root / "alpha", "alpha"), Server(root / "beta", "beta")
+    with ThreadPoolExecutor(2) as pool:
+        for future in [pool.submit(alpha.start), pool.submit(beta.start)]:
+            future.result()
+    try:
+        link(alpha, beta)
+        yield {"alpha": alpha, "beta": beta}
+    finally:
+        for server in (alpha, beta):
+            server.stop()
+        for server in (alpha, beta):
+            for pid_file in (server.data / "proc").glob("*/pid"):
+                try:
+                    import os
+                    import signal
+
+                    os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    chromium_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        found = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield found
+        finally:
+            found.close()
+
+
+@pytest.fixture
+def page(browser: Any, pair: dict[str, Server]) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1200, "height": 860})
+    context.set_default_timeout(WAIT_MS)
+    found = context.new_page()
+    errors: list[str] = []
+    found.on("pageerror", lambda error: errors.append(str(error)))
+    sign_in(found, pair["alpha"])
+    yield found
+    context.close()
+    assert errors == [], errors
+
+
+def _expect() -> Any:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT_MS)
+    return expect
+
+
+# ---------------------------------------------------------------------- access (no browser)
+
+
+def test_everything_but_signin_and_static_needs_the_token(pair: dict[str, Server]) -> None:
+    alpha = pair["alpha"]
+    for path in ("/", "/environments", "/threads/thr_x", "/env/env_x/threads/thr_x"):
+        response = httpx.get(alpha.url + path, follow_redirects=False, timeout=5)
+        assert response.status_code == 303 and response.headers["location"].startswith("/signin"), path
+    assert httpx.get(alpha.url + "/signin", timeout=5).status_code == 200
+    assert httpx.get(alpha.url + "/static/tether.js", timeout=5).status_code == 200
+    assert httpx.get(alpha.url + "/static/tether.css", timeout=5).status_code == 200
+    assert httpx.get(alpha.url + "/ui/live", timeout=5).status_code == 401
+    assert httpx.post(alpha.url + "/ui/tasks/tsk_x/cancel", timeout=5).status_code == 401
+    wrong = httpx.post(alpha.url + "/signin", data={"token": "tta_wrong"}, timeout=5)
+    assert wrong.status_code == 401 and "not this environment" in wrong.text
+    right = httpx.post(alpha.url + "/signin", data={"token": alpha.token, "next": "/environments"}, timeout=5)
+    assert right.status_code == 303 and right.headers["location"] == "/environments"
+    cookie = right.headers["set-cookie"]
+    assert "tether_token=" in cookie and "HttpOnly" in cookie
+    signed = httpx.get(alpha.url + "/", cookies={"tether_token": alpha.token}, timeout=5)
+    assert signed.status_code == 200 and "Threads" in signed.text
+    # another site's form cannot act with the cookie
+    refused = httpx.post(
+        alpha.url + "/ui/link-tokens",
+        data={"label": "x"},
+        cookies={"tether_token": alpha.token},
+        headers={"Origin": "http://evil.example"},
+        timeout=5,
+    )
+    assert refused.status_code == 403
+
+
+# ---------------------------------------------------------------------- probe 1, remote child
+
+
+def _probe_1_parent(environment: str, seconds: float) -> dict[str, Any]:
+    """The parent of probe 1 (SPEC §8), its runs slowed a little so a person can see them."""
+    delegate = {"task": child_script(1, seconds), "id": "c", "title": "probe 1", "environment": environment}
+    return {
+        "tether_script": 1,
+        "rules": [
+            {"on": "start", "do": [{"delegate": delegate}, {"sleep_ms": 1500}, {"reply": "delegated"}]},
+            {"on": "delegated_task", "repeat": True, "do": [{"sleep_ms": 400}, {"reply": "got {{text}}"}]},
+        ],
+    }
+
+
+_WATCH = """([headId, ledgerId]) => {
+  window.__states = [];
+  const note = () => {
+    const head = document.getElementById(headId);
+    if (!head) return;
+    const state = [...head.classList].find(c => c.startsWith('att-')).slice(4);
+    const ledger = document.getElementById(ledgerId);
+    const final = !!ledger && [...ledger.querySelectorAll('tr.how-follow-up')]
+      .some(tr => tr.textContent.includes('FINAL'));
+    const last = window.__states[window.__states.length - 1];
+    if (!last || last.state !== state) window.__states.push({state, final});
+  };
+  note();
+  new MutationObserver(note).observe(document.getElementById('main'), {childList: true, subtree: true});
+}"""
+
+
+def test_remote_probe_1_seen_live(page: Any, pair: dict[str, Server]) -> None:
+    expect = _expect()
+    alpha, beta = pair["alpha"], pair["beta"]
+    beta_id = health(beta)["environmentId"]
+    parent = new_thread(alpha, _probe_1_parent("beta", 3.0), "probe 1 (remote child)")
+    page.goto(f"{alpha.url}/threads/{parent}")
+    page.evaluate(_WATCH, [f"head-{parent}", f"ledger-{parent}"])
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    expect(page.locator(f"#head-{parent}")).to_have_class(re.compile(r"\batt-waiting\b"))
+    card = page.locator("li.task-card").first
+    expect(card).to_contain_text("in beta (linked)")
+    expect(card.get_by_role("link", name="child thread")).to_have_attribute(
+        "href", re.compile(rf"^/env/{beta_id}/threads/thr_")
+    )
+    screenshot(page, "thread-waiting.png")
+    expect(page.locator(f"#head-{parent}")).to_have_class(re.compile(r"\batt-settled\b"))
+    states = page.evaluate("window.__states")
+    names = [s["state"] for s in states]
+    assert names[0] == "working" and "waiting" in names, names
+    assert names[-1] == "settled" and "settled" not in names[:-1], names  # never settled early
+    assert states[-1]["final"], states  # settled only once FINAL had reached the ledger
+
+    view = thread(alpha, parent)
+    assert view["attention"] == "settled"
+    root, follow_up = view["ledger"]
+    assert (root["reachedAs"], root["resultText"], follow_up["reachedAs"], follow_up["resultText"]) == (
+        "result",
+        "WAITING",
+        "follow-up",
+        "FINAL",
+    )
+    ledger = page.locator(f"#ledger-{parent} tr")
+    expect(ledger).to_have_count(2)
+    expect(ledger.nth(0)).to_contain_text("as the result")
+    expect(ledger.nth(0)).to_contain_text(f"woke run #{root['wake']['runSeq']}")
+    expect(ledger.nth(1)).to_contain_text("as a follow-up")
+    expect(ledger.nth(1)).to_contain_text(f"woke run #{follow_up['wake']['runSeq']}")
+    expect(ledger.nth(1)).to_contain_text("FINAL")
+    # the timeline: one entry per run, the wakes labelled, nothing doubled
+    expect(page.locator(f"#timeline-{parent} > li.run")).to_have_count(len(view["runs"]))
+    timeline = page.locator(f"#timeline-{parent}")
+    expect(timeline).to_contain_text("woken: follow-up of task “probe 1” completed")
+    expect(page.locator("li.task-card").first).to_contain_text("FINAL")
+    assert unique_ids(page) == []
+    page.locator("details.fold").first.locator("summary").click()  # a fold opens
+    screenshot(page, "thread.png")
+
+    # the child, on the other environment, through this server
+    page.locator("li.task-card").first.get_by_role("link", name="child thread").click()
+    expect(page.locator("header.threadhead")).to_contain_text("beta")
+    expect(page.locator("ol.timeline")).to_contain_text("woken: command `sleep 3.0; echo OK` exited 0")
+    expect(page.locator("ol.timeline")).to_contain_text("FINAL")
+    screenshot(page, "remote-child.png")
+
+    page.goto(alpha.url + "/")
+    expect(page.locator("#group-settled")).to_contain_text("probe 1 (remote child)")
+    screenshot(page, "threads.png")
+
+
+# ---------------------------------------------------------------------- steering
+
+
+def test_cancel_a_task_from_the_page(page: Any, pair: dict[str, Server]) -> None:
+    expect = _expect()
+    alpha = pair["alpha"]
+    child = {
+        "tether_script": 1,
+        "rules": [
+            {
+                "on": "start",
+                "do": [
+                    {"bash": "sleep 60", "background": True, "id": "long", "await": True},
+                    {"reply": "WORKING ON IT"},
+                ],
+            },
+            {"on": "background_command", "do": [{"reply": "FINAL"}]},
+        ],
+    }
+    parent_script = {
+        "tether_script": 1,
+        "rules": [
+            {
+                "on": "start",
+                "do": [{"delegate": {"task": child, "id": "c", "title": "long job"}}, {"reply": "delegated"}],
+            },
+            {"on": "delegated_task", "repeat": True, "do": [{"reply": "got {{text}}"}]},
+        ],
+    }
+    parent = new_thread(alpha, parent_script, "cancel me")
+    await_view(
+        alpha,
+        parent,
+        lambda v: v["tasks"] and v["tasks"][0]["interim"] == "WORKING ON IT",
+        "the child's first answer",
+    )
+    page.goto(f"{alpha.url}/threads/{parent}")
+    card = page.locator("li.task-card").first
+    expect(page.locator(f"#background-{parent}")).to_contain_text("long job")
+    card.get_by_role("button", name="Cancel task long job").click()
+    notice = page.locator("#notice")
+    expect(notice).to_contain_text("Cancelled task “long job”")
+    expect(notice).to_contain_text("stopped command “sleep 60”")  # it says what it stopped
+    expect(card).to_have_class(re.compile(r"\bst-cancelled\b"))
+    expect(page.locator(f"#ledger-{parent} tr").first).to_contain_text("cancelled")
+    wait_settled(alpha, parent)
+    view = thread(alpha, parent)
+    wakes = [r for r in view["runs"] if r["trigger"]["kind"] == "delegated_task"]
+    assert len(wakes) == 1 and view["tasks"][0]["status"] == "cancelled", view["runs"]
+    expect(page.locator(f"#head-{parent}")).to_have_class(re.compile(r"\batt-settled\b"))
+    expect(page.locator(f"#ledger-{parent} tr").first).to_contain_text(f"woke run #{len(view['runs'])}")
+
+
+def test_send_and_stop_say_what_they_stopped(page: Any, pair: dict[str, Server]) -> None:
+    expect = _expect()
+    alpha = pair["alpha"]
+    script = {
+        "tether_script": 1,
+        "rules": [
+            {
+                "on": "start",
+                "do": [
+                    {"monitor": "sleep 60", "persistent": True, "id": "mon"},
+                    {"sleep_ms": 30000},
+                ],
+            },
+            {"on": "user", "repeat": True, "do": [{"reply": "heard {{text}}"}]},
+        ],
+    }
+    thread_id = new_thread(alpha, script, "steer me")
+    page.goto(f"{alpha.url}/threads/{thread_id}")
+    expect(page.locator(f"#head-{thread_id}")).to_have_class(re.compile(r"\batt-working\b"))
+    page.get_by_label("Message to this thread").fill("change of plan")
+    page.get_by_label("Start now (stops the running run)").check()
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#notice")).to_contain_text("to start it now, stopped run #1")
+    expect(page.locator(f"#timeline-{thread_id}")).to_contain_text("heard change of plan")
+    row = page.locator(f"#background-{thread_id} li").first
+    expect(row).to_contain_text("sleep 60")
+    row.get_by_role("button", name=re.compile("^Stop monitor")).click()
+    expect(page.locator("#notice")).to_contain_text("Stopped monitor “sleep 60”")
+    expect(row).to_have_class(re.compile(r"\bst-cancelled\b"))
+    page.get_by_role("button", name="Stop the running run of this thread").click()
+    said = re.compile("stopped run #|nothing was running", re.IGNORECASE)
+    expect(page.locator("#notice")).to_contain_text(said)
+
+
+# ---------------------------------------------------------------------- the live connection
+
+
+def test_drop_and_restore_misses_and_doubles_nothing(page: Any, pair: dict[str, Server]) -> None:
+    expect = _expect()
+    alpha = pair["alpha"]
+    lines = "for i in 1 2 3 4 5; do sleep 0.3; echo line$i; done"
+    script = {
+        "tether_script": 1,
+        "rules": [
+            {"on": "start", "do": [{"monitor": lines, "id": "m"}, {"reply": "WATCHING"}]},
+            {"on": "monitor_event", "repeat": True, "do": [{"sleep_ms": 150}, {"reply": "PROGRESS"}]},
+            {"on": "monitor_finished", "do": [{"reply": "DONE"}]},
+        ],
+    }
+    thread_id = new_thread(alpha, script, "watch a monitor")
+    page.goto(f"{alpha.url}/threads/{thread_id}")
+    status = page.locator("#live-status")
+    expect(status).to_have_attribute("data-state", "live")
+    expect(page.locator(f"#timeline-{thread_id} > li.run").first).to_be_visible()
+    page.evaluate("window.tetherLive.drop()")
+    expect(status).to_have_attribute("data-state", "reconnecting")
+    expect(status).to_have_text("disconnected")
+    seen_while_down = page.locator(f"#timeline-{thread_id} > li.run").count()
+    wait_settled(alpha, thread_id)
+    view = thread(alpha, thread_id)
+    assert len(view["runs"]) > seen_while_down  # the page really missed rows while down
+    page.evaluate("window.tetherLive.restore()")
+    expect(status).to_have_attribute("data-state", "live")
+    runs = page.locator(f"#timeline-{thread_id} > li.run")
+    expect(runs).to_have_count(len(view["runs"]))
+    expect(page.locator(f"#head-{thread_id}")).to_have_class(re.compile(r"\batt-settled\b"))
+    ids = [f"run-{r['runId']}" for r in view["runs"]]
+    assert [runs.nth(n).get_attribute("id") for n in range(len(ids))] == ids
+    stale = page.locator(f"#timeline-{thread_id} li.st-running, #timeline-{thread_id} li.st-queued")
+    assert stale.count() == 0
+    expect(page.locator(f"#timeline-{thread_id}")).to_contain_text("DONE")
+    # a replay of the whole feed (a reconnect from the start) doubles nothing
+    reached = int(page.evaluate("window.tetherLive.cursor"))
+    page.evaluate("window.tetherLive.restore(0)")
+    expect(status).to_have_attribute("data-state", "live")
+    page.wait_for_function(f"Number(window.tetherLive.cursor) >= {reached}")
+    expect(runs).to_have_count(len(view["runs"]))
+    assert unique_ids(page) == []
+
+
+def test_environments_page(page: Any, pair: dict[str, Server]) -> None:
+    expect = _expect()
+    alpha, beta = pair["alpha"], pair["beta"]
+    beta_id = health(beta)["environmentId"]
+    page.goto(alpha.url + "/environments")
+    row = page.locator(f"#link-{beta_id}")
+    expect(row).to_contain_text("beta")
+    expect(row).to_contain_text("ok")
+    expect(row).to_contain_text("0 events behind")
+    page.get_by_label("Label (who will use it)").fill("laptop")
+    page.get_by_role("button", name="Create link token").click()
+    secret = page.get_by_label("Link token (shown once)")
+    expect(secret).to_have_value(re.compile(r"^ttl_"))
+    expect(page.locator("#tokens")).to_contain_text("laptop")
+    screenshot(page, "environments.png")
+    # a phone: the thread list still reads
+    page.set_viewport_size({"width": 390, "height": 800})
+    page.goto(alpha.url + "/")
+    expect(page.locator("h1")).to_have_text("Threads")
+    screenshot(page, "threads-phone.png")
