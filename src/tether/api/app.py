@@ -61,15 +61,15 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
     async def docs(who: Annotated[Caller, Depends(caller)]) -> HTMLResponse:
         return get_swagger_ui_html(openapi_url="/openapi.json", title="tether API")
 
-    @app.get("/api/providers", tags=["environment"])
+    @app.get("/api/providers", tags=["environment"], responses=errors.RESPONSES)
     async def providers(who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:
         return {"providers": usability(env.runtime.providers)}
 
-    app.include_router(threads.router)
-    app.include_router(tasks.router)
-    app.include_router(events.router)
-    app.include_router(links.router)
-    app.include_router(web.router)
+    app.include_router(threads.router, responses=errors.RESPONSES)
+    app.include_router(tasks.router, responses=errors.RESPONSES)
+    app.include_router(events.router, responses=errors.RESPONSES)
+    app.include_router(links.router, responses=errors.RESPONSES)
+    app.include_router(web.router, responses=errors.RESPONSES)
     # Exactly /mcp, no redirect to /mcp/ (a Mount would add one).
     app.router.routes.append(Route("/mcp", endpoint=mcp_app, methods=["GET", "POST", "DELETE"]))
     app.add_middleware(BodyLimit)

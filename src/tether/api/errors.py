@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from tether.errors import TetherError
@@ -18,6 +21,32 @@ _CODES = {
     409: "conflict",
     413: "too_large",
     422: "invalid",
+}
+
+
+class _ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: ``{"error": {"code", "message"}}``."""
+
+    error: _ErrorDetail
+
+
+#: Declared on every route, so the OpenAPI document shows the errors as they really are.
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in {
+        400: "Bad request",
+        401: "Missing, wrong or revoked token",
+        403: "Outside this token's reach",
+        404: "No such thing (or not visible to this token)",
+        409: "Conflict",
+        413: "Request body over 1 MB",
+        422: "Invalid input: the message names the field",
+    }.items()
 }
 
 

@@ -216,8 +216,18 @@ class Commands:
 
         return self._once(caller, f"post_message:{thread_id}", client_request_id, body)
 
+    def check_origin(self, origin: dict[str, Any]) -> None:
+        """A link call's origin names the *caller's* environment and thread. It is trusted
+        only inside the token's fence (SPEC §1), so it may never name this environment:
+        that would make a local thread the token did not create a parent, and wake it."""
+        if not origin.get("environmentId") or not origin.get("threadId"):
+            raise Invalid("origin needs environmentId and threadId")
+        if origin["environmentId"] == self.environment_id:
+            raise Forbidden("a link call's origin cannot be this environment")
+
     def _origin(self, caller: Caller) -> dict[str, Any] | None:
         if caller.origin:
+            self.check_origin(caller.origin)
             return caller.origin
         if caller.kind == "thread":
             return {"environmentId": self.environment_id, "threadId": caller.thread_id}
@@ -1075,12 +1085,14 @@ class Commands:
         token, with the task under the origin's id. Idempotent on that id (G9)."""
         if caller.kind != "link":
             raise Forbidden("only a link token can hand this environment a task")
-        if not origin.get("environmentId") or not origin.get("threadId"):
-            raise Invalid("origin needs environmentId and threadId")
+        self.check_origin(origin)
 
         def body(u: Unit) -> dict[str, Any]:
             existing = u.load(Task, task_id)
             if existing is not None:
+                child = u.load(Thread, existing.child_thread_id)
+                if child is None or not self.visible(u, caller, child):
+                    raise Forbidden(f"task id {task_id!r} is not available to this token")
                 raise Conflict(f"task {task_id!r} already exists")
             record = Task(
                 id=task_id,

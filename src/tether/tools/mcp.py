@@ -163,6 +163,9 @@ def build(env: Environment) -> tuple[ASGIApp, Callable[[], Any]]:
         server.add_tool(_tool(env.tools, name, env.authenticate), name=name, description=description)
     inner = server.streamable_http_app(
         streamable_http_path="/mcp",
+        # Sessions carry no identity (each request's bearer token does); an idle one is
+        # dropped after 10 minutes rather than the SDK's 30, to bound the session table.
+        session_idle_timeout=600,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
     manager = server._lowlevel_server._session_manager  # the app's lifespan runs only when mounted as root
