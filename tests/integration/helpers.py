@@ -321,3 +321,47 @@ def reap_zombie_children(keep: set[int]) -> None:
             if fields[1] == me and fields[0] == "Z" and pid not in keep:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
+
+
+def probe_1_with(env: Server, client: httpx.Client, provider: str) -> dict[str, Any]:
+    """SPEC §8 probe 1 with a child on ``provider``: a script parent delegates "run the
+    suite"; returns ``{tasks, parent, child, row}`` once FINAL is delivered and every thread
+    is quiet (checked twice: a late duplicate would show in the second look)."""
+    from tether.probes import finished, outcome  # probes is the shared definition
+
+    parent_id = client.post(
+        "/api/threads",
+        json={
+            "provider": "script",
+            "title": f"probe 1 ({provider})",
+            "message": json.dumps(
+                script(
+                    rule(
+                        "start",
+                        delegate("run the suite", provider=provider, title="probe 1"),
+                        reply("delegated"),
+                    ),
+                    rule("delegated_task", reply("got {{text}}"), repeat=True),
+                )
+            ),
+        },
+    ).json()["threadId"]
+    watched = {parent_id}
+
+    def check() -> dict[str, Any] | None:
+        tasks = tasks_of(client, parent_id)
+        watched.update(t["childThreadId"] for t in tasks if t["childThreadId"])
+        parent = thread(client, parent_id)
+        if not finished(tasks, parent):
+            return None
+        child = thread(client, tasks[0]["childThreadId"])
+        if not child["settled"] or any(i["status"] == "running" for i in child["background"]):
+            return None
+        return {"tasks": tasks, "parent": parent, "child": child}
+
+    await_threads(env, check, watched, what=f"FINAL from the {provider} child")
+    settled_tree(client, parent_id)
+    record = check()
+    assert record is not None
+    record["row"] = outcome(1, "local", record["tasks"], record["parent"], record["child"]["runs"])
+    return record

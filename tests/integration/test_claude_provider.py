@@ -22,18 +22,11 @@ import httpx
 import pytest
 
 from tether.launch import Server
-from tether.probes import finished, outcome
 
 from .conftest import _shutdown
 from .helpers import (
     await_state,
-    await_threads,
-    delegate,
-    reply,
-    rule,
-    script,
-    settled_tree,
-    tasks_of,
+    probe_1_with,
     thread,
     wait_settled,
 )
@@ -112,41 +105,8 @@ def test_probe_1_with_a_claude_child(env: Server, client: httpx.Client) -> None:
     ends its turn with WAITING and is woken by the command's end, in a turn the CLI starts
     itself: FINAL reaches the parent exactly once (as a follow-up: a background command
     is not held)."""
-    parent_id = client.post(
-        "/api/threads",
-        json={
-            "provider": "script",
-            "title": "probe 1 (claude)",
-            "message": json.dumps(
-                script(
-                    rule(
-                        "start",
-                        delegate("run the suite", provider="claude", title="probe 1"),
-                        reply("delegated"),
-                    ),
-                    rule("delegated_task", reply("got {{text}}"), repeat=True),
-                )
-            ),
-        },
-    ).json()["threadId"]
-    watched = {parent_id}
-
-    def check() -> dict[str, Any] | None:
-        tasks = tasks_of(client, parent_id)
-        watched.update(t["childThreadId"] for t in tasks if t["childThreadId"])
-        parent = thread(client, parent_id)
-        if not finished(tasks, parent):
-            return None
-        child = thread(client, tasks[0]["childThreadId"])
-        if not child["settled"] or any(i["status"] == "running" for i in child["background"]):
-            return None
-        return {"tasks": tasks, "parent": parent, "child": child}
-
-    await_threads(env, check, watched, what="FINAL from the claude child")
-    settled_tree(client, parent_id)
-    record = check()
-    assert record is not None
-    row = outcome(1, "local", record["tasks"], record["parent"], record["child"]["runs"])
+    record = probe_1_with(env, client, "claude")
+    row = record["row"]
     assert row["delivered"] and row["finalCount"] == 1, row
     assert row["deliveredAs"] == "follow-up", row
     child = record["child"]

@@ -17,10 +17,9 @@ import httpx
 import pytest
 
 from tether.launch import Server
-from tether.probes import finished, outcome
 
 from .conftest import _shutdown
-from .helpers import await_state, await_threads, delegate, reply, rule, script, settled_tree, tasks_of, thread
+from .helpers import await_state, probe_1_with, thread
 
 FAKES = Path(__file__).parent / "fakes"
 KEY_ENV = "FAKE_CODEX_KEY"
@@ -78,41 +77,8 @@ def test_probe_1_with_a_codex_child(env: Server, client: httpx.Client) -> None:
     """The codex child starts background work through tether's MCP server (a monitor that
     does not hold it), replies WAITING, is woken by tether when the work ends, and replies
     FINAL in a resumed session: FINAL reaches the parent exactly once."""
-    parent_id = client.post(
-        "/api/threads",
-        json={
-            "provider": "script",
-            "title": "probe 1 (codex)",
-            "message": json.dumps(
-                script(
-                    rule(
-                        "start",
-                        delegate("run the suite", provider="codex", title="probe 1"),
-                        reply("delegated"),
-                    ),
-                    rule("delegated_task", reply("got {{text}}"), repeat=True),
-                )
-            ),
-        },
-    ).json()["threadId"]
-    watched = {parent_id}
-
-    def check() -> dict[str, Any] | None:
-        tasks = tasks_of(client, parent_id)
-        watched.update(t["childThreadId"] for t in tasks if t["childThreadId"])
-        parent = thread(client, parent_id)
-        if not finished(tasks, parent):
-            return None
-        child = thread(client, tasks[0]["childThreadId"])
-        if not child["settled"] or any(i["status"] == "running" for i in child["background"]):
-            return None
-        return {"tasks": tasks, "parent": parent, "child": child}
-
-    await_threads(env, check, watched, what="FINAL from the codex child")
-    settled_tree(client, parent_id)
-    record = check()
-    assert record is not None
-    row = outcome(1, "local", record["tasks"], record["parent"], record["child"]["runs"])
+    record = probe_1_with(env, client, "codex")
+    row = record["row"]
     assert row["delivered"] and row["finalCount"] == 1, row
     assert row["deliveredAs"] == "follow-up", row
     child = record["child"]

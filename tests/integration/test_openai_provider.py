@@ -20,20 +20,14 @@ import httpx
 import pytest
 
 from tether.launch import Server
-from tether.probes import finished, outcome
+from tether.probes import outcome
 from tether.providers.openai import _repair
 
 from .conftest import _shutdown
 from .fakes.openai_server import Call, FakeOpenAI, Reply, Text, first_user, last, tool_result
 from .helpers import (
     await_state,
-    await_threads,
-    delegate,
-    reply,
-    rule,
-    script,
-    settled_tree,
-    tasks_of,
+    probe_1_with,
     thread,
     wait_idle,
     wait_settled,
@@ -127,37 +121,7 @@ def requests_of(fake: FakeOpenAI, scenario: str) -> list[dict[str, Any]]:
 
 
 def test_probe_1_with_an_openai_child(env: Server, client: httpx.Client, fake: FakeOpenAI) -> None:
-    parent_id = client.post(
-        "/api/threads",
-        json={
-            "provider": "script",
-            "title": "probe 1 (openai)",
-            "message": json.dumps(
-                script(
-                    rule("start", delegate("run the suite", provider="openai", title="probe 1"),
-                         reply("delegated")),
-                    rule("delegated_task", reply("got {{text}}"), repeat=True),
-                )
-            ),
-        },
-    ).json()["threadId"]
-    watched = {parent_id}
-
-    def check() -> dict[str, Any] | None:
-        tasks = tasks_of(client, parent_id)
-        watched.update(t["childThreadId"] for t in tasks if t["childThreadId"])
-        parent = thread(client, parent_id)
-        if not finished(tasks, parent):
-            return None
-        child = thread(client, tasks[0]["childThreadId"])
-        if not child["settled"] or any(i["status"] == "running" for i in child["background"]):
-            return None
-        return {"tasks": tasks, "parent": parent, "child": child}
-
-    await_threads(env, check, watched, what="FINAL from the openai child")
-    settled_tree(client, parent_id)
-    record = check()  # again, once all is quiet: a late duplicate would show here
-    assert record is not None
+    record = probe_1_with(env, client, "openai")
     tasks, parent, child = record["tasks"], record["parent"], record["child"]
     row = outcome(1, "local", tasks, parent, child["runs"])
     assert row["delivered"] and row["finalCount"] == 1, row
@@ -182,7 +146,9 @@ def test_probe_1_with_an_openai_child(env: Server, client: httpx.Client, fake: F
     assert roles == ["system", "user", "assistant", "tool", "assistant", "user"], roles
     assert final_request[2]["tool_calls"][0]["function"]["name"] == "bash"
     assert json.loads(final_request[2]["tool_calls"][0]["function"]["arguments"]) == {
-        "command": SUITE, "background": True}
+        "command": SUITE,
+        "background": True,
+    }
     assert final_request[4]["content"] == "WAITING"
     assert final_request[5]["content"].startswith("[notification: background_command]")
     assert "exited with code 0" in final_request[5]["content"]
@@ -232,7 +198,10 @@ def test_history_carries_across_runs(client: httpx.Client, fake: FakeOpenAI) -> 
     assert [r["reply"] for r in view["runs"]] == ["NOTED", "YOU SAID 42"]
     messages = requests_of(fake, "remember 42")[-1]["messages"]
     assert [(m["role"], m["content"]) for m in messages[1:]] == [
-        ("user", "remember 42"), ("assistant", "NOTED"), ("user", "which number?")]
+        ("user", "remember 42"),
+        ("assistant", "NOTED"),
+        ("user", "which number?"),
+    ]
 
 
 def test_interrupted_tool_call_is_answered_in_the_next_run(
@@ -241,8 +210,11 @@ def test_interrupted_tool_call_is_answered_in_the_next_run(
     """A run stopped inside a foreground command: the command is killed, and the next run's
     history answers the dangling tool call (the API refuses a call without a result)."""
     thread_id = start(client, "slow")
-    await_state(env, lambda: "RUNNING SLOW" in assistant_texts(thread(client, thread_id)),
-                what="the model's text said before its slow bash call")
+    await_state(
+        env,
+        lambda: "RUNNING SLOW" in assistant_texts(thread(client, thread_id)),
+        what="the model's text said before its slow bash call",
+    )
     stopped = client.post(f"/api/threads/{thread_id}/interrupt", json={})
     assert stopped.status_code == 200, stopped.text
     wait_idle(client, thread_id)
@@ -251,7 +223,9 @@ def test_interrupted_tool_call_is_answered_in_the_next_run(
     wait_settled(client, thread_id)
     runs = thread(client, thread_id)["runs"]
     assert [(r["status"], r["reply"]) for r in runs] == [
-        ("interrupted", None), ("completed", "RECOVERED interrupted")]
+        ("interrupted", None),
+        ("completed", "RECOVERED interrupted"),
+    ]
     roles = [m["role"] for m in requests_of(fake, "slow")[-1]["messages"]]
     assert roles == ["system", "user", "assistant", "tool", "user"], roles
     assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _runs(pid, SLOW)]
@@ -288,7 +262,11 @@ def providers_json(data: Path, key: str | None) -> dict[str, dict[str, Any]]:
         env[KEY_ENV] = key
     done = subprocess.run(
         [sys.executable, "-m", "tether", "providers", "--data", str(data), "--json"],
-        capture_output=True, text=True, env=env, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
     )
     return {row["provider"]: row for row in json.loads(done.stdout)}
 
