@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ from tether.providers import Provider, load_providers
 from tether.store.sqlite import SQLiteStore
 from tether.tools.surface import Tools
 from tether.types import ADMIN, Caller
+
+#: How often a token's use is written down (seconds): ``lastUsedAt`` is at most this stale.
+USE_INTERVAL = 60.0
 
 
 def hash_token(token: str) -> str:
@@ -49,6 +53,7 @@ class Environment:
             self.name = tx.get_meta("name") or data_dir.resolve().name
         self.environment_id = environment_id
         self.admin_token = self._admin_token()
+        self._last_use: dict[str, float] = {}
         self.runtime = Runtime(
             self.store,
             environment_id,
@@ -92,22 +97,39 @@ class Environment:
     # ------------------------------------------------------------------ tokens
 
     def authenticate(self, token: str | None) -> Caller:
+        """Who holds ``token``. A read: it takes no write lock, so thousands of requests a
+        second do not queue behind commands; token use is recorded by :meth:`_used`."""
         if not token:
             raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
         if hmac.compare_digest(token, self.admin_token):
             return ADMIN
-        with self.store.transaction() as tx:
-            found = tx.find(Token, hash=hash_token(token))
-            record = found[0] if found else None
-            if record is None or record.revoked:
-                raise Unauthorized("invalid or revoked token")
-            if record.expires_at and record.expires_at < now():
-                raise Unauthorized("token expired")
-            record.last_used_at = now()
-            tx.put(record)
+        with self.store.read() as reader:
+            found = reader.find(Token, hash=hash_token(token))
+        record = found[0] if found else None
+        if record is None or record.revoked:
+            raise Unauthorized("invalid or revoked token")
+        if record.expires_at and record.expires_at < now():
+            raise Unauthorized("token expired")
+        self._used(record)
         if record.kind == "thread":
             return Caller("thread", thread_id=record.thread_id)
         return Caller("link", token_id=record.id)
+
+    def _used(self, record: Token) -> None:
+        """Record that a token was used — at most once per ``USE_INTERVAL`` per token, as a
+        write with its event, so ``lastUsedAt`` is at most that stale and a busy peer costs
+        one write a minute, not one per request."""
+        at = time.monotonic()
+        if at - self._last_use.get(record.id, -USE_INTERVAL) < USE_INTERVAL:
+            return
+        self._last_use[record.id] = at
+        with self.store.transaction() as tx:
+            current = tx.get(Token, record.id)
+            if current is None:
+                return
+            current.last_used_at = now()
+            tx.put(current)
+            tx.append_event("token.used", {"tokenId": current.id, "lastUsedAt": current.last_used_at})
 
     def mint_token(
         self, label: str, kind: str = "link", thread_id: str | None = None, ttl_seconds: int | None = None
@@ -122,8 +144,8 @@ class Environment:
         return record, secret
 
     def token_active(self, token_id: str) -> bool:
-        with self.store.transaction() as tx:
-            record = tx.get(Token, token_id)
+        with self.store.read() as reader:
+            record = reader.get(Token, token_id)
         return record is not None and not record.revoked
 
     def acknowledge(self, token_id: str, seq: int) -> None:
@@ -135,8 +157,8 @@ class Environment:
                 tx.put(record)
 
     def tokens(self, kind: str = "link") -> list[Token]:
-        with self.store.transaction() as tx:
-            return tx.find(Token, kind=kind)
+        with self.store.read() as reader:
+            return reader.find(Token, kind=kind)
 
     def revoke_token(self, token_id: str) -> Token:
         with self.store.transaction() as tx:

@@ -65,6 +65,11 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
     async def providers(who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:
         return {"providers": usability(env.runtime.providers)}
 
+    @app.get("/api/outbox", tags=["environment"], responses=errors.RESPONSES)
+    async def outbox(who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:
+        """Side effects not yet carried out, and those parked after repeated failures."""
+        return env.queries.effects(who)
+
     app.include_router(threads.router, responses=errors.RESPONSES)
     app.include_router(tasks.router, responses=errors.RESPONSES)
     app.include_router(events.router, responses=errors.RESPONSES)

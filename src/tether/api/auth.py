@@ -1,4 +1,8 @@
-"""Bearer tokens (G10): admin, link tokens, per-thread credentials."""
+"""Bearer tokens (G10): admin, link tokens, per-thread credentials.
+
+The dependencies are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in
+its thread pool, and the store belongs to the event loop's thread (it refuses any other).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,11 @@ def environment(request: Request) -> Environment:
     return request.app.state.env
 
 
+async def environment_dependency(request: Request) -> Environment:
+    """``environment`` as a dependency (async: no thread-pool hop per request)."""
+    return environment(request)
+
+
 def bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
@@ -20,5 +29,5 @@ def bearer(request: Request) -> str | None:
     return request.cookies.get("tether_token")
 
 
-def caller(request: Request) -> Caller:
+async def caller(request: Request) -> Caller:
     return environment(request).authenticate(bearer(request))

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from tether.api.auth import caller, environment
+from tether.api.auth import caller, environment_dependency
 from tether.environment import Environment
 from tether.errors import Invalid
 from tether.store.base import Event
@@ -60,7 +60,7 @@ def _cursor(env: Environment, after: str | None, last_event_id: str | None) -> i
 async def events(
     request: Request,
     who: Annotated[Caller, Depends(caller)],
-    env: Annotated[Environment, Depends(environment)],
+    env: Annotated[Environment, Depends(environment_dependency)],
     after: str | None = None,
     keepalive: Annotated[float, Query(ge=0.1, le=60)] = _KEEPALIVE,
 ) -> StreamingResponse:

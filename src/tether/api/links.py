@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from pydantic import Field
 
-from tether.api.auth import caller, environment
+from tether.api.auth import caller, environment_dependency
 from tether.api.models import LinkRequest, LinkTokenRequest, _Body
 from tether.environment import Environment
 from tether.errors import Forbidden
@@ -16,7 +16,7 @@ from tether.types import Caller
 
 router = APIRouter(tags=["links"])
 Who = Annotated[Caller, Depends(caller)]
-Env = Annotated[Environment, Depends(environment)]
+Env = Annotated[Environment, Depends(environment_dependency)]
 
 
 def _admin(who: Caller) -> None:

@@ -6,14 +6,14 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends
 
-from tether.api.auth import caller, environment
+from tether.api.auth import caller, environment_dependency
 from tether.api.models import CancelTask
 from tether.environment import Environment
 from tether.types import Caller
 
 router = APIRouter(prefix="/api/tasks", tags=["tasks"])
 Who = Annotated[Caller, Depends(caller)]
-Env = Annotated[Environment, Depends(environment)]
+Env = Annotated[Environment, Depends(environment_dependency)]
 Status = Literal["queued", "running", "completed", "failed", "cancelled", "interrupted"]
 
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from tether.api.auth import caller, environment
+from tether.api.auth import caller, environment_dependency
 from tether.api.models import CreateThread, Credentials, Interrupt, PostMessage
 from tether.environment import Environment
 from tether.errors import Forbidden
@@ -14,7 +14,7 @@ from tether.types import Caller
 
 router = APIRouter(prefix="/api/threads", tags=["threads"])
 Who = Annotated[Caller, Depends(caller)]
-Env = Annotated[Environment, Depends(environment)]
+Env = Annotated[Environment, Depends(environment_dependency)]
 
 
 def _with_origin(who: Caller, origin: dict[str, Any] | None) -> Caller:

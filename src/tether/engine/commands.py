@@ -33,10 +33,10 @@ from tether.domain.types import (
     Trigger,
 )
 from tether.domain.views import item_view, message_view, run_view, task_view, thread_summary
-from tether.engine.unit import Unit
+from tether.engine.unit import Unit, View
 from tether.errors import Conflict, Forbidden, Invalid, NotFound
 from tether.ids import format_time, new_id, now, parse_time
-from tether.store.base import Store
+from tether.store.base import OutboxRow, Store
 from tether.types import Caller
 
 _TERMINAL_ITEM = {
@@ -74,6 +74,13 @@ class Commands:
         if self._on_commit and u.touched:
             self._on_commit(u.touched)
 
+    @contextmanager
+    def view(self) -> Iterator[View]:
+        """A read-only snapshot for queries: no write lock, no settle step, no commit hook.
+        It sees every command whole or not at all, since a command is one transaction."""
+        with self.store.read() as reader:
+            yield View(reader, self.environment_id)
+
     def _once(
         self, caller: Caller, name: str, key: str | None, body: Callable[[Unit], dict[str, Any]]
     ) -> dict[str, Any]:
@@ -90,7 +97,7 @@ class Commands:
 
     # ------------------------------------------------------------------ access (G10)
 
-    def visible(self, u: Unit, caller: Caller, thread: Thread) -> bool:
+    def visible(self, u: View, caller: Caller, thread: Thread) -> bool:
         if caller.kind == "admin":
             return True
         if caller.kind == "link":
@@ -106,13 +113,13 @@ class Commands:
         parent = thread.parent or {}
         return parent.get("threadId") if parent.get("environmentId") == self.environment_id else None
 
-    def thread_for(self, u: Unit, caller: Caller, thread_id: str) -> Thread:
+    def thread_for(self, u: View, caller: Caller, thread_id: str) -> Thread:
         thread = u.load(Thread, thread_id)
         if thread is None or not self.visible(u, caller, thread):
             raise NotFound(f"no thread with id {thread_id!r}")
         return thread
 
-    def task_for(self, u: Unit, caller: Caller, task_id: str) -> Task:
+    def task_for(self, u: View, caller: Caller, task_id: str) -> Task:
         task = u.load(Task, task_id)
         if task is not None:
             for thread_id in (task.child_thread_id, task.parent_thread_id):
@@ -321,7 +328,7 @@ class Commands:
         runs.start(run, u.at)
         u.save(run)
         u.emit("run.started", run_view(run), thread_id=thread.id, run_id=run.id)
-        u.outbox("run.execute", {"runId": run.id})
+        u.outbox("run.execute", {"runId": run.id}, thread.id)
         self._on_run_started(u, thread, run)
 
     def _on_run_started(self, u: Unit, thread: Thread, run: Run) -> None:
@@ -509,7 +516,7 @@ class Commands:
         u.save(item)
         u.emit("item.started", item_view(item), thread_id=item.thread_id)
         if outbox:
-            u.outbox(outbox, {"itemId": item.id})
+            u.outbox(outbox, {"itemId": item.id}, item.thread_id)
         u.mark(item.thread_id)
         return item
 
@@ -698,7 +705,7 @@ class Commands:
         for run in u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN)):
             if run.status == RunStatus.RUNNING:
                 self._end_run(u, run, status, run.reply, reason)
-                u.outbox("run.stop", {"runId": run.id})
+                u.outbox("run.stop", {"runId": run.id}, thread.id)
             elif stop_all and run.kind != Trigger.DELEGATED_TASK:
                 # A queued completion wake is delivery, not work: stopping the thread
                 # must not drop the answers it carries (G1); it runs after the stop.
@@ -718,7 +725,7 @@ class Commands:
                 u.save(item)
                 u.emit("item.ended", item_view(item), thread_id=thread.id)
                 if item.kind in (ItemKind.COMMAND, ItemKind.MONITOR):
-                    u.outbox("process.kill", {"itemId": item.id})
+                    u.outbox("process.kill", {"itemId": item.id}, thread.id)
         if status == RunStatus.INTERRUPTED and (stopped_runs or stopped_items) and thread.open_task_id:
             thread.interrupted = True  # its task ends "interrupted", whatever the last reply
             u.save(thread)
@@ -894,7 +901,7 @@ class Commands:
                 u.mark(thread.id)
             elif item.is_running:
                 self._item_ended(u, item, ItemStatus.CANCELLED, None, reason)
-                u.outbox("process.kill", {"itemId": item.id})
+                u.outbox("process.kill", {"itemId": item.id}, item.thread_id)
             return {
                 "itemId": item.id,
                 "threadId": thread.id,
@@ -1112,6 +1119,35 @@ class Commands:
         return self._once(caller, "accept_task", task_id, body)
 
     # ------------------------------------------------------------------ restart (G6)
+
+    # ------------------------------------------------------------------ side effects
+
+    def effects_done(self, done: list[int], failed: list[tuple[OutboxRow, str, float | None]]) -> None:
+        """Outbox rows were carried out (``done``: removed) or failed (kept, with their
+        error, to retry at the given time — or parked when that time is None). A parked row
+        stays visible to people and the API; what it was for fails visibly, so nothing
+        waits on it forever (a turn that could not start fails its run, a process that could
+        not be spawned ends its item as failed, which wakes the thread)."""
+        with self.unit() as u:
+            u.touched.add("effects")
+            for row_id in done:
+                u.tx.remove_outbox(row_id)
+            for row, error, retry_at in failed:
+                u.tx.fail_outbox(row.id, error, retry_at)
+                if retry_at is None:
+                    self._parked(u, row, error)
+
+    def _parked(self, u: Unit, row: OutboxRow, error: str) -> None:
+        view = {"id": row.id, "kind": row.kind, "attempts": row.attempts + 1, "lastError": error}
+        u.emit("effect.parked", view, thread_id=row.thread_id)
+        if row.kind == "run.execute":
+            run = u.load(Run, row.payload["runId"])
+            if run is not None and run.status == RunStatus.RUNNING:
+                self._end_run(u, run, RunStatus.FAILED, None, f"could not start the turn: {error}")
+        elif row.kind == "process.start":
+            item = u.load(Item, row.payload["itemId"])
+            if item is not None and item.is_running:
+                self._item_ended(u, item, ItemStatus.FAILED, None, f"could not start: {error}")
 
     def recover(self, exited: dict[str, int | None], lost: list[str]) -> list[str]:
         """Start-up, one transaction: running runs → interrupted, one ``restart`` run per

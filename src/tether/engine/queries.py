@@ -10,8 +10,9 @@ from tether.domain.records import Item, Message, Run, Task, Thread
 from tether.domain.types import ACTIVE_RUN, ItemStatus, RunStatus
 from tether.domain.views import item_view, message_view, run_view, task_view, thread_summary
 from tether.engine.commands import Commands
-from tether.engine.unit import Unit
-from tether.errors import Invalid, NotFound
+from tether.engine.unit import View
+from tether.errors import Forbidden, Invalid, NotFound
+from tether.store.base import OutboxRow
 from tether.types import Caller
 
 
@@ -24,7 +25,7 @@ class Queries:
         return self.commands.environment_id
 
     def thread(self, caller: Caller, thread_id: str) -> dict[str, Any]:
-        with self.commands.unit() as u:
+        with self.commands.view() as u:
             thread = self.commands.thread_for(u, caller, thread_id)
             runs = u.query(Run, thread_id=thread.id)
             items = u.query(Item, thread_id=thread.id)
@@ -37,10 +38,22 @@ class Queries:
                 "background": [item_view(i) for i in items],
                 "tasks": [task_view(t) for t in delegated],
                 "ledger": ledger(delegated, runs),
+                "parkedEffects": [effect_view(row) for row in u.reader.parked(thread.id)],
+            }
+
+    def effects(self, caller: Caller) -> dict[str, Any]:
+        """Side effects not yet carried out: pending ones and those parked after repeated
+        failures (admin only: they span every thread)."""
+        if caller.kind != "admin":
+            raise Forbidden("only the admin token can read the outbox")
+        with self.commands.view() as u:
+            return {
+                "pending": [effect_view(row) for row in u.reader.outbox(limit=1000)],
+                "parked": [effect_view(row) for row in u.reader.parked()],
             }
 
     def threads(self, caller: Caller) -> list[dict[str, Any]]:
-        with self.commands.unit() as u:
+        with self.commands.view() as u:
             where = {"token_id": caller.token_id} if caller.kind == "link" else {}
             found = u.query(Thread, **where)
             return [
@@ -52,7 +65,7 @@ class Queries:
     def messages(self, caller: Caller, thread_id: str, after: int = 0, limit: int = 100) -> dict[str, Any]:
         if limit < 1 or limit > 1000:
             raise Invalid("limit must be between 1 and 1000")
-        with self.commands.unit() as u:
+        with self.commands.view() as u:
             thread = self.commands.thread_for(u, caller, thread_id)
             found = [m for m in u.query(Message, thread_id=thread.id) if m.seq > after][:limit]
             return {
@@ -64,7 +77,7 @@ class Queries:
             }
 
     def task(self, caller: Caller, task_id: str) -> dict[str, Any]:
-        with self.commands.unit() as u:
+        with self.commands.view() as u:
             return task_view(self.commands.task_for(u, caller, task_id))
 
     def tasks(
@@ -75,7 +88,7 @@ class Queries:
             where["parent_thread_id"] = parent_thread_id
         if status:
             where["status"] = status
-        with self.commands.unit() as u:
+        with self.commands.view() as u:
             found = []
             for task in u.query(Task, **where):
                 try:
@@ -92,12 +105,24 @@ class Queries:
         The condition: the thread is idle (settled, with ``untilSettled``) and, given
         ``afterRunId``, that run and every run before it have ended.
         """
-        with self.commands.unit() as u:
+        with self.commands.view() as u:
             thread = self.commands.thread_for(u, caller, thread_id)
             return _wait_answer(u, thread, until_settled, after_run_id)
 
 
-def attention_fields(u: Unit, thread: Thread) -> dict[str, Any]:
+def effect_view(row: OutboxRow) -> dict[str, Any]:
+    return {
+        "id": str(row.id),
+        "kind": row.kind,
+        "threadId": row.thread_id,
+        "payload": row.payload,
+        "attempts": row.attempts,
+        "lastError": row.last_error,
+        "parked": row.parked,
+    }
+
+
+def attention_fields(u: View, thread: Thread) -> dict[str, Any]:
     """``{attention, attentionSince}`` of one thread (SPEC §10), read with few queries."""
     active = u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN))
     items = u.query(Item, thread_id=thread.id, status=ItemStatus.RUNNING)
@@ -111,7 +136,7 @@ def attention_fields(u: Unit, thread: Thread) -> dict[str, Any]:
 
 
 def _wait_answer(
-    u: Unit, thread: Thread, until_settled: bool, after_run_id: str | None
+    u: View, thread: Thread, until_settled: bool, after_run_id: str | None
 ) -> dict[str, Any] | None:
     if after_run_id is not None:
         after = u.load(Run, after_run_id)

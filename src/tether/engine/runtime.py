@@ -4,6 +4,15 @@ Outbox rows are side effects a command decided on: start a provider turn, spawn 
 process, arm a timer, call a peer. A row is removed only after its handler ran, and every
 handler is idempotent (it re-reads the record and does nothing if the moment has passed),
 so a crash between commit and side effect just means the row is handled on the next start.
+
+A handler that fails keeps its row: it is tried again with backoff (``RETRY_FIRST`` s,
+doubling, at most ``RETRY_MAX`` s apart) and after ``PARK_AFTER`` attempts it is parked —
+kept, shown on its thread and by ``GET /api/outbox``, and what waited on it is failed
+visibly (``Commands.effects_done``). Nothing is dropped.
+
+Every task this runtime starts is supervised: the long-lived loops (outbox, timers,
+retention) log an exception and start again; a turn whose bookkeeping fails is failed,
+never left ``running``.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,6 +38,22 @@ from tether.store.base import OutboxRow, Store
 log = logging.getLogger(__name__)
 
 OutboxHandler = Callable[[OutboxRow], Awaitable[None] | None]
+
+#: A failed side effect is tried again after this many seconds, doubling each time …
+RETRY_FIRST = 0.1
+#: … at most this far apart …
+RETRY_MAX = 30.0
+#: … and parked (kept and shown, never deleted) after this many attempts.
+PARK_AFTER = 8
+#: A supervised loop that crashed starts again after this many seconds.
+RESTART_DELAY = 1.0
+
+
+def retry_at(attempts: int, now: float) -> float | None:
+    """When a row that has now failed ``attempts`` times is tried again; None: park it."""
+    if attempts >= PARK_AFTER:
+        return None
+    return now + min(RETRY_MAX, RETRY_FIRST * 2 ** (attempts - 1))
 
 
 class Runtime:
@@ -57,6 +83,7 @@ class Runtime:
         self._turns: dict[str, asyncio.Task[None]] = {}
         self._drain_task: asyncio.Task[None] | None = None
         self._drain_again = False
+        self._retry: asyncio.TimerHandle | None = None
         self._timer_wakeup = asyncio.Event()
         self._timer_task: asyncio.Task[None] | None = None
         self._started = False
@@ -74,9 +101,10 @@ class Runtime:
         exited: dict[str, int | None] = {}
         lost: list[str] = []
         adopt: list[tuple[Item, int]] = []
-        pending_spawns = {row.payload["itemId"] for row in self._outbox() if row.kind == "process.start"}
-        with self.store.transaction() as tx:
-            items = tx.find(Item, status=ItemStatus.RUNNING, kind=[ItemKind.COMMAND, ItemKind.MONITOR])
+        with self.store.read() as reader:
+            pending = reader.outbox(limit=1_000_000)
+            items = reader.find(Item, status=ItemStatus.RUNNING, kind=[ItemKind.COMMAND, ItemKind.MONITOR])
+        pending_spawns = {row.payload["itemId"] for row in pending if row.kind == "process.start"}
         for item in items:
             if item.id in pending_spawns and not self.processes.spawned_before(item.id):
                 continue  # never spawned: its process.start row will do it
@@ -91,8 +119,8 @@ class Runtime:
         self._started = True
         for item, pid in adopt:
             self.processes.watch(item, pid)
-        self._timer_task = asyncio.create_task(self._timers(), name="timers")
-        self._housekeeping = asyncio.create_task(self._prune(), name="prune events")
+        self._timer_task = asyncio.create_task(_supervise("timers", self._timers), name="timers")
+        self._housekeeping = asyncio.create_task(_supervise("prune events", self._prune), name="prune")
         self._kick()
         if self._drain_task is not None:
             await asyncio.shield(self._drain_task)
@@ -100,6 +128,8 @@ class Runtime:
     async def close(self) -> None:
         """Stop our own tasks. Runs left running are marked interrupted at the next start."""
         self._started = False
+        if self._retry is not None:
+            self._retry.cancel()
         own = (self._timer_task, self._housekeeping, self._drain_task, *self._turns.values())
         tasks = [t for t in own if t]
         for task in tasks:
@@ -127,36 +157,59 @@ class Runtime:
             return
         if self._drain_task is None or self._drain_task.done():
             self._drain_task = asyncio.get_running_loop().create_task(self._drain(), name="outbox")
+            self._drain_task.add_done_callback(self._drained)
         else:
             self._drain_again = True
 
-    def _outbox(self) -> list[OutboxRow]:
-        with self.store.transaction() as tx:
-            return tx.outbox(200)
+    def _drained(self, task: asyncio.Task[None]) -> None:
+        """Supervise the drain: a crash is logged and the drain starts again shortly."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the outbox drain failed; starting it again", exc_info=task.exception())
+            self._kick_at(time.time() + RESTART_DELAY)
+
+    def _kick_at(self, when: float) -> None:
+        """Drain again at ``when`` (epoch seconds): the earliest failed row falls due."""
+        if self._retry is not None:
+            self._retry.cancel()
+        self._retry = asyncio.get_running_loop().call_later(max(0.0, when - time.time()), self._kick)
 
     async def _drain(self) -> None:
         while True:
             self._drain_again = False
-            rows = self._outbox()
+            with self.store.read() as reader:
+                rows = reader.outbox(200, due=time.time())
+            done: list[int] = []
+            failed: list[tuple[OutboxRow, str, float | None]] = []
             for row in rows:
-                handler = self.handlers.get(row.kind)
-                try:
-                    if handler is None:
-                        log.warning("no handler for outbox row %s; dropping it", row.kind)
-                    else:
-                        result = handler(row)
-                        if asyncio.iscoroutine(result):
-                            await result
-                except Exception:
-                    log.exception("outbox row %s %s failed; dropping it", row.kind, row.payload)
+                error = await self._carry_out(row)
+                if error is None:
+                    done.append(row.id)
+                else:
+                    failed.append((row, error, retry_at(row.attempts + 1, time.time())))
             if rows:
                 # One transaction for the batch: a crash before it re-runs the handlers,
                 # which are idempotent.
-                with self.store.transaction() as tx:
-                    for row in rows:
-                        tx.remove_outbox(row.id)
+                self.commands.effects_done(done, failed)
             elif not self._drain_again:
+                with self.store.read() as reader:
+                    when = reader.next_retry()
+                if when is not None:
+                    self._kick_at(when)
                 return
+
+    async def _carry_out(self, row: OutboxRow) -> str | None:
+        """Run ``row``'s handler; None when it succeeded, else what went wrong."""
+        handler = self.handlers.get(row.kind)
+        if handler is None:
+            return f"no handler for {row.kind}"
+        try:
+            result = handler(row)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception as exc:
+            log.exception("outbox row %s %s failed (attempt %d)", row.kind, row.payload, row.attempts + 1)
+            return f"{type(exc).__name__}: {exc}"
+        return None
 
     # ------------------------------------------------------------------ runs
 
@@ -168,38 +221,50 @@ class Runtime:
             )
 
     async def _turn(self, run_id: str) -> None:
-        from tether.providers.base import Turn  # the provider layer sits above the engine
-
+        """One provider turn, supervised: whatever fails, the run ends (never left running)."""
         try:
-            with self.store.transaction() as tx:
-                run = tx.get(Run, run_id)
-                thread = tx.get(Thread, run.thread_id) if run else None
-                if run is None or thread is None or run.status != RunStatus.RUNNING:
-                    return
-                ids = run.trigger.get("messageIds", [])
-                inputs = [m for m in tx.find(Message, run_id=run.id) if m.id in ids]
-                first = tx.find(Message, limit=1, thread_id=thread.id)
-            if not self.commands.begin_turn(run_id):
-                return
-            provider = self.providers[thread.provider]
-            turn = Turn(self, thread, run, inputs, first[0] if first else None)
-            status, reply, error = RunStatus.COMPLETED, None, None
+            await self._provider_turn(run_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("run %s: the engine failed around the provider turn", run_id)
             try:
-                reply = await provider.run_turn(turn)
-            except asyncio.CancelledError:
-                if self._started:
-                    return  # stopped by a cancel or an interrupt: that command ended the run
-                raise
-            except Conflict as conflict:
-                if conflict.code == "run_ended":
-                    return
-                status, error = RunStatus.FAILED, conflict.message
-            except Exception as exc:  # a provider's failure fails its run, never the server
-                log.info("run %s failed: %s", run_id, exc)
-                status, error = RunStatus.FAILED, str(exc) or type(exc).__name__
-            self.commands.end_run(run_id, status, reply if status == RunStatus.COMPLETED else None, error)
+                self.commands.end_run(run_id, RunStatus.FAILED, None, f"tether failed: {exc}")
+            except Exception:
+                log.exception("run %s could not be failed; the next start interrupts it", run_id)
         finally:
             self._turns.pop(run_id, None)
+
+    async def _provider_turn(self, run_id: str) -> None:
+        from tether.providers.base import Turn  # the provider layer sits above the engine
+
+        with self.store.read() as reader:
+            run = reader.get(Run, run_id)
+            thread = reader.get(Thread, run.thread_id) if run else None
+            if run is None or thread is None or run.status != RunStatus.RUNNING:
+                return
+            ids = run.trigger.get("messageIds", [])
+            inputs = [m for m in reader.find(Message, run_id=run.id) if m.id in ids]
+            first = reader.find(Message, limit=1, thread_id=thread.id)
+        if not self.commands.begin_turn(run_id):
+            return
+        provider = self.providers[thread.provider]
+        turn = Turn(self, thread, run, inputs, first[0] if first else None)
+        status, reply, error = RunStatus.COMPLETED, None, None
+        try:
+            reply = await provider.run_turn(turn)
+        except asyncio.CancelledError:
+            if self._started:
+                return  # stopped by a cancel or an interrupt: that command ended the run
+            raise
+        except Conflict as conflict:
+            if conflict.code == "run_ended":
+                return
+            status, error = RunStatus.FAILED, conflict.message
+        except Exception as exc:  # a provider's failure fails its run, never the server
+            log.info("run %s failed: %s", run_id, exc)
+            status, error = RunStatus.FAILED, str(exc) or type(exc).__name__
+        self.commands.end_run(run_id, status, reply if status == RunStatus.COMPLETED else None, error)
 
     def _stop_run(self, row: OutboxRow) -> None:
         task = self._turns.get(row.payload["runId"])
@@ -209,8 +274,8 @@ class Runtime:
     # ------------------------------------------------------------------ processes
 
     def _spawn(self, row: OutboxRow) -> None:
-        with self.store.transaction() as tx:
-            item = tx.get(Item, row.payload["itemId"])
+        with self.store.read() as reader:
+            item = reader.get(Item, row.payload["itemId"])
         if item is None or not item.is_running or item.pid is not None:
             return
         if self.processes.spawned_before(item.id):
@@ -223,8 +288,8 @@ class Runtime:
             self.processes.kill(item.id, pid, "cancelled")
 
     def _kill(self, row: OutboxRow) -> None:
-        with self.store.transaction() as tx:
-            item = tx.get(Item, row.payload["itemId"])
+        with self.store.read() as reader:
+            item = reader.get(Item, row.payload["itemId"])
         if item is not None:
             self.processes.kill(item.id, item.pid, "cancelled")
 
@@ -254,8 +319,8 @@ class Runtime:
         """Fire scheduled wakes when due — also those that fell due while we were down."""
         while True:
             self._timer_wakeup.clear()
-            with self.store.transaction() as tx:
-                schedules = tx.find(Item, status=ItemStatus.RUNNING, kind=ItemKind.SCHEDULE)
+            with self.store.read() as reader:
+                schedules = reader.find(Item, status=ItemStatus.RUNNING, kind=ItemKind.SCHEDULE)
             now = datetime.now(UTC)
             wait: float | None = None
             for item in sorted(schedules, key=lambda i: i.due_at or ""):
@@ -267,3 +332,16 @@ class Runtime:
                     break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._timer_wakeup.wait(), wait)
+
+
+async def _supervise(name: str, loop: Callable[[], Awaitable[None]]) -> None:
+    """Run a long-lived loop; if it raises, log it and start it again (never die silently)."""
+    while True:
+        try:
+            await loop()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s failed; starting it again in %.0f s", name, RESTART_DELAY)
+            await asyncio.sleep(RESTART_DELAY)

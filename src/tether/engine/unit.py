@@ -1,5 +1,5 @@
 """A unit of work: one transaction plus an identity map and the list of threads to
-reconcile before commit.
+reconcile before commit — and :class:`View`, its read-only half over a snapshot.
 
 Every record is loaded once per unit (``load``/``query`` hand back the same object for the
 same key), and ``save`` writes through at once, so later queries in the same transaction
@@ -14,21 +14,19 @@ from typing import Any, TypeVar
 from tether.domain.records import Record, Thread
 from tether.errors import NotFound
 from tether.ids import now
-from tether.store.base import TABLES, Transaction
+from tether.store.base import TABLES, Reader, Transaction
 
 R = TypeVar("R", bound=Record)
 
 
-class Unit:
-    def __init__(self, tx: Transaction, environment_id: str) -> None:
-        self.tx = tx
+class View:
+    """Records read from one snapshot, each loaded once. Queries use it: no write lock."""
+
+    def __init__(self, reader: Reader, environment_id: str) -> None:
+        self.reader = reader
         self.environment_id = environment_id
         self.at = now()
         self._cache: dict[tuple[type, str], Record] = {}
-        #: Threads whose runs or background work changed, in the order they changed.
-        self.dirty: dict[str, None] = {}
-        #: Keys ("thread:ID", "task:ID", "events") whose waiters should wake after commit.
-        self.touched: set[str] = set()
 
     def _key(self, record: Record) -> tuple[type, str]:
         return type(record), getattr(record, TABLES[type(record)].key)
@@ -39,7 +37,7 @@ class Unit:
         cached = self._cache.get((cls, key))
         if cached is not None:
             return cached  # type: ignore[return-value]
-        record = self.tx.get(cls, key)
+        record = self.reader.get(cls, key)
         if record is not None:
             self._cache[(cls, key)] = record
         return record
@@ -52,9 +50,21 @@ class Unit:
 
     def query(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
         found = []
-        for record in self.tx.find(cls, limit=limit, **where):
+        for record in self.reader.find(cls, limit=limit, **where):
             found.append(self._cache.setdefault(self._key(record), record))
         return found  # type: ignore[return-value]
+
+
+class Unit(View):
+    """A command's transaction: the view plus writes, events and outbox rows."""
+
+    def __init__(self, tx: Transaction, environment_id: str) -> None:
+        super().__init__(tx, environment_id)
+        self.tx = tx
+        #: Threads whose runs or background work changed, in the order they changed.
+        self.dirty: dict[str, None] = {}
+        #: Keys ("thread:ID", "task:ID", "events") whose waiters should wake after commit.
+        self.touched: set[str] = set()
 
     def save(self, record: Record) -> None:
         self._cache[self._key(record)] = record
@@ -85,9 +95,10 @@ class Unit:
         if task_id:
             self.touched.add(f"task:{task_id}")
 
-    def outbox(self, kind: str, payload: dict[str, Any]) -> None:
-        """A side effect to carry out after commit (see ``tether.engine.runtime``)."""
-        self.tx.add_outbox(kind, payload)
+    def outbox(self, kind: str, payload: dict[str, Any], thread_id: str | None = None) -> None:
+        """A side effect to carry out after commit (see ``tether.engine.runtime``), on
+        behalf of ``thread_id`` (where a failure that keeps failing is shown)."""
+        self.tx.add_outbox(kind, payload, thread_id)
         self.touched.add("outbox")
 
     def mark(self, thread_id: str) -> None:

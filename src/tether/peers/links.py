@@ -134,8 +134,8 @@ class Peer:
             self.link = link
 
     def view(self) -> dict[str, Any]:
-        with self.peers.env.store.transaction() as tx:
-            self.link = tx.get(Link, self.environment_id) or self.link
+        with self.peers.env.store.read() as reader:
+            self.link = reader.get(Link, self.environment_id) or self.link
         return {
             "environmentId": self.link.environment_id,
             "name": self.link.name,
@@ -149,8 +149,8 @@ class Peer:
     # ------------------------------------------------------------------ following (G7)
 
     def _cursor(self) -> str:
-        with self.peers.env.store.transaction() as tx:
-            link = tx.get(Link, self.environment_id)
+        with self.peers.env.store.read() as reader:
+            link = reader.get(Link, self.environment_id)
         return (link.cursor if link else None) or "0"
 
     async def _follow(self) -> None:
@@ -210,13 +210,13 @@ class Peer:
                 await asyncio.wait_for(self._push.wait(), timeout)
 
     async def _push_pending(self) -> int:
-        with self.peers.env.store.transaction() as tx:
+        with self.peers.env.store.read() as reader:
             pending = [
                 t
-                for t in tx.find(Task, remote_pending=["create", "cancel"])
+                for t in reader.find(Task, remote_pending=["create", "cancel"])
                 if t.child_environment_id == self.environment_id
             ]
-            sends = tx.find(Send, environment_id=self.environment_id, status="pending")
+            sends = reader.find(Send, environment_id=self.environment_id, status="pending")
         left = 0
         for send in sends:
             try:
@@ -380,8 +380,8 @@ class Peers:
 
     async def start(self) -> None:
         self._started = True
-        with self.env.store.transaction() as tx:
-            links = tx.find(Link)
+        with self.env.store.read() as reader:
+            links = reader.find(Link)
         for link in links:
             self._open(link)
 

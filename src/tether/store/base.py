@@ -9,6 +9,15 @@ The interface is synchronous on purpose. Commands are short functions over a
 transaction; SQLite runs them inline on the event loop in well under a millisecond, and
 a backend with network round trips (PostgreSQL) would run the same function in a worker
 thread. Every backend must pass ``tests/unit/store/test_contract.py``.
+
+**One owner.** A store belongs to the thread that opened it (the event loop's thread in a
+server) and refuses — with :class:`ForeignThread`, at once — any use from another thread,
+so a request handler or SDK callback that slips into a thread pool fails the tests loudly
+instead of interleaving its statements with a command's transaction.
+
+Reads go through :meth:`Store.read`: a read-only snapshot that takes no write lock and
+runs no settle step. Because commands are whole transactions, a read sees every command
+entirely or not at all (G2).
 """
 
 from __future__ import annotations
@@ -75,12 +84,26 @@ class Event:
 
 @dataclass(frozen=True)
 class OutboxRow:
+    """A side effect to carry out. A row whose handler failed stays, with ``attempts`` and
+    ``last_error``, and is retried with backoff; after repeated failures it is ``parked``:
+    kept and shown (thread view, ``GET /api/outbox``), never deleted silently."""
+
     id: int
     kind: str
     payload: dict[str, Any]
+    thread_id: str | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    parked: bool = False
 
 
-class Transaction(ABC):
+class ForeignThread(RuntimeError):
+    """The store was used from a thread that does not own it (see "One owner" above)."""
+
+
+class Reader(ABC):
+    """What a read-only snapshot offers: lookups, no writes."""
+
     @abstractmethod
     def get(self, cls: type[R], key: str) -> R | None: ...
 
@@ -90,6 +113,28 @@ class Transaction(ABC):
 
     @abstractmethod
     def count(self, cls: type[Record], **where: Any) -> int: ...
+
+    @abstractmethod
+    def get_request(self, scope: str, key: str) -> dict[str, Any] | None: ...
+
+    @abstractmethod
+    def get_meta(self, key: str) -> str | None: ...
+
+    @abstractmethod
+    def outbox(self, limit: int = 100, due: float | None = None) -> list[OutboxRow]:
+        """Unparked rows in order; given ``due`` (epoch seconds), only those due by then."""
+
+    @abstractmethod
+    def parked(self, thread_id: str | None = None) -> list[OutboxRow]:
+        """Rows parked after repeated failures (all, or one thread's)."""
+
+    @abstractmethod
+    def next_retry(self) -> float | None:
+        """When the earliest unparked row that failed before is due again (epoch seconds)."""
+
+
+class Transaction(Reader):
+    """A read-write transaction: everything a command writes, committed together."""
 
     @abstractmethod
     def put(self, record: Record) -> None: ...
@@ -107,22 +152,17 @@ class Transaction(ABC):
     ) -> int: ...
 
     @abstractmethod
-    def add_outbox(self, kind: str, payload: dict[str, Any]) -> int: ...
-
-    @abstractmethod
-    def outbox(self, limit: int = 100) -> list[OutboxRow]: ...
+    def add_outbox(self, kind: str, payload: dict[str, Any], thread_id: str | None = None) -> int: ...
 
     @abstractmethod
     def remove_outbox(self, row_id: int) -> None: ...
 
     @abstractmethod
-    def get_request(self, scope: str, key: str) -> dict[str, Any] | None: ...
+    def fail_outbox(self, row_id: int, error: str, retry_at: float | None) -> None:
+        """Record a failed attempt: retry at ``retry_at`` (epoch seconds), or park the row."""
 
     @abstractmethod
     def put_request(self, scope: str, key: str, response: dict[str, Any]) -> None: ...
-
-    @abstractmethod
-    def get_meta(self, key: str) -> str | None: ...
 
     @abstractmethod
     def set_meta(self, key: str, value: str) -> None: ...
@@ -132,6 +172,10 @@ class Store(ABC):
     @abstractmethod
     def transaction(self) -> AbstractContextManager[Transaction]:
         """A read-write transaction: commits on normal exit, rolls back on an exception."""
+
+    @abstractmethod
+    def read(self) -> AbstractContextManager[Reader]:
+        """A read-only snapshot: no write lock, sees only whole commands."""
 
     @abstractmethod
     def events_after(self, seq: int, limit: int = 500, token_id: str | None = None) -> list[Event]:

@@ -66,4 +66,15 @@ MIGRATIONS: list[str] = [
                         data TEXT NOT NULL);
     CREATE INDEX sends_pending ON sends(environment_id, status);
     """,
+    # 5: side effects that failed are kept, retried with backoff, and parked (shown, never
+    #    deleted) after repeated failures; each row names the thread it acts for.
+    """
+    ALTER TABLE outbox ADD COLUMN thread_id TEXT;
+    ALTER TABLE outbox ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN retry_at REAL NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN parked INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN last_error TEXT;
+    CREATE INDEX outbox_due ON outbox(parked, retry_at);
+    CREATE INDEX outbox_thread ON outbox(thread_id, parked);
+    """,
 ]

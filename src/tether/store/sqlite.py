@@ -1,14 +1,18 @@
 """The SQLite backend: stdlib ``sqlite3``, WAL, ``synchronous=NORMAL``.
 
-One connection, used only from the event loop's thread, so transactions never interleave
-inside this process. ``BEGIN IMMEDIATE`` takes the write lock up front, which keeps a
-second process (a CLI tool, say) from deadlocking against us.
+One connection, owned by the thread that opened the store (the event loop's, in a
+server): any use from another thread raises :class:`ForeignThread` before a statement
+runs, so transactions never interleave inside this process. A command's transaction is
+``BEGIN IMMEDIATE``, which takes the write lock up front and keeps a second process (a CLI
+tool, say) from deadlocking against us; a read is a plain ``BEGIN`` (a WAL snapshot that
+takes no write lock).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +20,7 @@ from typing import Any
 
 from tether.domain.records import Record
 from tether.ids import now
-from tether.store.base import TABLES, Event, OutboxRow, R, Store, Table, Transaction
+from tether.store.base import TABLES, Event, ForeignThread, OutboxRow, R, Reader, Store, Table, Transaction
 from tether.store.schema import MIGRATIONS
 
 
@@ -24,7 +28,14 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-class _SQLiteTransaction(Transaction):
+_OUTBOX_COLUMNS = "id, kind, payload, thread_id, attempts, last_error, parked"
+
+
+def _outbox_row(row: tuple[Any, ...]) -> OutboxRow:
+    return OutboxRow(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], bool(row[6]))
+
+
+class _SQLiteReader(Reader):
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
@@ -62,6 +73,39 @@ class _SQLiteTransaction(Transaction):
         clause, args = self._where(table, where)
         return self._conn.execute(f"SELECT COUNT(*) FROM {table.name}{clause}", args).fetchone()[0]
 
+    def get_request(self, scope: str, key: str) -> dict[str, Any] | None:
+        row = self._conn.execute(
+            "SELECT response FROM requests WHERE scope = ? AND key = ?", (scope, key)
+        ).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def outbox(self, limit: int = 100, due: float | None = None) -> list[OutboxRow]:
+        sql, args = f"SELECT {_OUTBOX_COLUMNS} FROM outbox WHERE parked = 0", []
+        if due is not None:
+            sql += " AND retry_at <= ?"
+            args.append(due)
+        rows = self._conn.execute(sql + " ORDER BY id LIMIT ?", (*args, limit))
+        return [_outbox_row(row) for row in rows]
+
+    def parked(self, thread_id: str | None = None) -> list[OutboxRow]:
+        sql, args = f"SELECT {_OUTBOX_COLUMNS} FROM outbox WHERE parked = 1", []
+        if thread_id is not None:
+            sql += " AND thread_id = ?"
+            args.append(thread_id)
+        return [_outbox_row(row) for row in self._conn.execute(sql + " ORDER BY id", args)]
+
+    def next_retry(self) -> float | None:
+        row = self._conn.execute(
+            "SELECT MIN(retry_at) FROM outbox WHERE parked = 0 AND attempts > 0"
+        ).fetchone()
+        return row[0]
+
+
+class _SQLiteTransaction(_SQLiteReader, Transaction):
     def put(self, record: Record) -> None:
         table = TABLES[type(record)]
         names = (table.key, *table.columns)
@@ -93,34 +137,28 @@ class _SQLiteTransaction(Transaction):
         )
         return int(cursor.lastrowid or 0)
 
-    def add_outbox(self, kind: str, payload: dict[str, Any]) -> int:
+    def add_outbox(self, kind: str, payload: dict[str, Any], thread_id: str | None = None) -> int:
         cursor = self._conn.execute(
-            "INSERT INTO outbox (kind, payload) VALUES (?, ?)", (kind, _dumps(payload))
+            "INSERT INTO outbox (kind, payload, thread_id) VALUES (?, ?, ?)",
+            (kind, _dumps(payload), thread_id),
         )
         return int(cursor.lastrowid or 0)
-
-    def outbox(self, limit: int = 100) -> list[OutboxRow]:
-        rows = self._conn.execute("SELECT id, kind, payload FROM outbox ORDER BY id LIMIT ?", (limit,))
-        return [OutboxRow(row[0], row[1], json.loads(row[2])) for row in rows]
 
     def remove_outbox(self, row_id: int) -> None:
         self._conn.execute("DELETE FROM outbox WHERE id = ?", (row_id,))
 
-    def get_request(self, scope: str, key: str) -> dict[str, Any] | None:
-        row = self._conn.execute(
-            "SELECT response FROM requests WHERE scope = ? AND key = ?", (scope, key)
-        ).fetchone()
-        return json.loads(row[0]) if row else None
+    def fail_outbox(self, row_id: int, error: str, retry_at: float | None) -> None:
+        self._conn.execute(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = ?, retry_at = ?, parked = ? "
+            "WHERE id = ?",
+            (error, retry_at or 0, int(retry_at is None), row_id),
+        )
 
     def put_request(self, scope: str, key: str, response: dict[str, Any]) -> None:
         self._conn.execute(
             "INSERT OR REPLACE INTO requests (scope, key, response) VALUES (?, ?, ?)",
             (scope, key, _dumps(response)),
         )
-
-    def get_meta(self, key: str) -> str | None:
-        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
 
     def set_meta(self, key: str, value: str) -> None:
         self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
@@ -133,7 +171,9 @@ def _event(row: tuple[Any, ...]) -> Event:
 class SQLiteStore(Store):
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # sqlite3's own same-thread check stays on as a second line behind ``_own``.
+        self._conn = sqlite3.connect(self.path, isolation_level=None)
+        self._owner = threading.get_ident()
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA busy_timeout=5000")
@@ -154,18 +194,28 @@ class SQLiteStore(Store):
                 self._conn.execute("ROLLBACK")
                 raise
 
+    def _own(self) -> None:
+        if threading.get_ident() != self._owner:
+            raise ForeignThread(
+                f"the store is owned by thread {self._owner} (the event loop's) and was used from "
+                f"thread {threading.get_ident()} ({threading.current_thread().name}): store access "
+                "must run on the loop (an `async def` route or dependency, never a thread pool)"
+            )
+
     @property
     def schema_version(self) -> int:
+        self._own()
         return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
 
     @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
+    def _begin(self, statement: str) -> Iterator[None]:
+        self._own()
         if self._tx_depth:
             raise RuntimeError("transactions do not nest: one command, one transaction")
-        self._conn.execute("BEGIN IMMEDIATE")  # may fail (locked): then nothing is open
+        self._conn.execute(statement)  # may fail (locked): then nothing is open
         self._tx_depth += 1
         try:
-            yield _SQLiteTransaction(self._conn)
+            yield
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise
@@ -174,7 +224,18 @@ class SQLiteStore(Store):
         finally:
             self._tx_depth -= 1
 
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        with self._begin("BEGIN IMMEDIATE"):
+            yield _SQLiteTransaction(self._conn)
+
+    @contextmanager
+    def read(self) -> Iterator[Reader]:
+        with self._begin("BEGIN"):
+            yield _SQLiteReader(self._conn)
+
     def events_after(self, seq: int, limit: int = 500, token_id: str | None = None) -> list[Event]:
+        self._own()
         sql = "SELECT seq, type, at, thread_id, run_id, task_id, token_id, data FROM events WHERE seq > ?"
         args: list[Any] = [seq]
         if token_id is not None:
@@ -185,12 +246,15 @@ class SQLiteStore(Store):
         return [_event(row) for row in self._conn.execute(sql, args)]
 
     def last_event_seq(self) -> int:
+        self._own()
         row = self._conn.execute("SELECT MAX(seq) FROM events").fetchone()
         return int(row[0] or 0)
 
     def prune_events(self, before: str) -> int:
+        self._own()
         cursor = self._conn.execute("DELETE FROM events WHERE at < ?", (before,))
         return cursor.rowcount
 
     def close(self) -> None:
+        self._own()
         self._conn.close()

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import AsyncIterator, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Container
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,7 +24,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, TextContent
 from pydantic import Field
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.api.errors import error_response
 from tether.errors import TetherError, Unauthorized
@@ -127,26 +128,72 @@ def _tool(tools: Tools, name: str, authenticate: Callable[[str | None], Any]) ->
     return call
 
 
+#: MCP sessions one link token or thread credential may hold open at once. The SDK's
+#: table is shared by every caller; without a cap one token holder could fill it and lock
+#: everyone else (the admin included) out until the sessions idle out.
+SESSIONS_PER_TOKEN = 64
+
+
 class _Guard:
-    """Refuse a missing or bad token with 401 before the MCP transport sees the request.
+    """Refuse a missing or bad token with 401, and a token past its session cap with 429,
+    before the MCP transport sees the request.
 
     A class, not a function: Starlette's ``Route`` treats a plain function as a
     request-response endpoint, and an instance as a raw ASGI app.
     """
 
-    def __init__(self, env: Environment, inner: ASGIApp) -> None:
+    def __init__(self, env: Environment, inner: ASGIApp, open_sessions: Callable[[], Container[str]]) -> None:
         self.env = env
         self.inner = inner
+        self._open_sessions = open_sessions
+        self._sessions: dict[tuple[str, str | None], set[str]] = {}
+        self._opening: Counter[tuple[str, str | None]] = Counter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope.get("headers") or [])
         scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         try:
-            self.env.authenticate(token.strip() if scheme.lower() == "bearer" else None)
+            caller = self.env.authenticate(token.strip() if scheme.lower() == "bearer" else None)
         except Unauthorized as error:
             await error_response(401, error.code, error.message)(scope, receive, send)
             return
-        await self.inner(scope, receive, send)
+        if caller.kind == "admin" or b"mcp-session-id" in headers or scope.get("method") != "POST":
+            await self.inner(scope, receive, send)
+            return
+        key = (caller.kind, caller.token_id or caller.thread_id)
+        owned = self._owned(key)
+        if len(owned) + self._opening[key] >= SESSIONS_PER_TOKEN:
+            message = (
+                f"this token already holds {len(owned)} open MCP sessions (at most {SESSIONS_PER_TOKEN}); "
+                "reuse one (send its mcp-session-id) or close one with DELETE /mcp"
+            )
+            await error_response(429, "too_many_sessions", message)(scope, receive, send)
+            return
+        self._opening[key] += 1  # a place held while the answer (with its session id) is on its way
+        try:
+            await self.inner(scope, receive, _noting_session(send, owned))
+        finally:
+            self._opening[key] -= 1
+
+    def _owned(self, key: tuple[str, str | None]) -> set[str]:
+        """The sessions ``key`` opened that the SDK still holds (closed ones drop out)."""
+        live = self._open_sessions()
+        owned = self._sessions.setdefault(key, set())  # one set per key: in-flight answers add to it
+        owned.difference_update([session for session in owned if session not in live])
+        return owned
+
+
+def _noting_session(send: Send, owned: set[str]) -> Send:
+    """``send``, noting the session id an ``initialize`` answer hands out."""
+
+    async def noting(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            for name, value in message.get("headers", ()):
+                if name.lower() == b"mcp-session-id":
+                    owned.add(value.decode("latin-1"))
+        await send(message)
+
+    return noting
 
 
 def build(env: Environment) -> tuple[ASGIApp, Callable[[], Any]]:
@@ -175,4 +222,5 @@ def build(env: Environment) -> tuple[ASGIApp, Callable[[], Any]]:
         async with manager.run():
             yield
 
-    return _Guard(env, inner), lifespan
+    # The SDK keeps its live sessions here; the guard only asks which ids are still in it.
+    return _Guard(env, inner, lambda: manager._server_instances), lifespan

@@ -7,7 +7,8 @@ A backend binds it with a subclass that says how to open a store at a location
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from tether.domain.records import Item, Link, Message, Record, Run, Send, Task, Thread, Token
 from tether.domain.types import Delivery, ItemKind, RunStatus, TaskStatus
 from tether.store import schema
-from tether.store.base import TABLES, Store
+from tether.store.base import TABLES, ForeignThread, Store
 from tether.store.sqlite import SQLiteStore
 
 AT = "2026-01-01T00:00:00.000Z"
@@ -393,6 +394,86 @@ class StoreContract:
         assert later > max(ids)
         with store.transaction() as tx:
             assert tx.outbox()[-1].kind == "process.kill"
+
+    def test_a_failed_row_waits_for_its_retry_time_and_keeps_its_error(self, store: Store) -> None:
+        with store.transaction() as tx:
+            first = tx.add_outbox("process.start", {"itemId": "bg_1"}, "thr_1")
+            second = tx.add_outbox("run.execute", {"runId": "run_1"})
+            assert tx.next_retry() is None, "no row has failed yet"
+            tx.fail_outbox(first, "OSError: no such shell", retry_at=1000.0)
+        with store.read() as reader:
+            assert [r.id for r in reader.outbox(due=999.0)] == [second]
+            assert [r.id for r in reader.outbox(due=1000.0)] == [first, second]
+            assert [r.id for r in reader.outbox()] == [first, second], "without due: every unparked row"
+            row = reader.outbox()[0]
+            assert (row.thread_id, row.attempts, row.last_error, row.parked) == (
+                "thr_1", 1, "OSError: no such shell", False)
+            assert reader.next_retry() == 1000.0
+
+    def test_a_parked_row_is_kept_and_listed_never_handed_out(self, store: Store) -> None:
+        with store.transaction() as tx:
+            row_id = tx.add_outbox("process.start", {"itemId": "bg_1"}, "thr_1")
+            tx.add_outbox("process.start", {"itemId": "bg_2"}, "thr_2")
+            tx.fail_outbox(row_id, "first", retry_at=5.0)
+            tx.fail_outbox(row_id, "second", retry_at=None)
+        with store.read() as reader:
+            assert row_id not in [r.id for r in reader.outbox(due=10**12)]
+            parked = reader.parked()
+            assert [(r.id, r.attempts, r.last_error, r.parked) for r in parked] == [
+                (row_id, 2, "second", True)]
+            assert [r.id for r in reader.parked("thr_1")] == [row_id]
+            assert reader.parked("thr_2") == []
+            assert reader.next_retry() is None
+
+    # ------------------------------------------------------------------ reads, ownership
+
+    def test_a_read_sees_committed_commands_and_takes_no_write_lock(self, store: Store) -> None:
+        with store.transaction() as tx:
+            tx.put(thread("thr_1"))
+        with store.read() as reader:
+            assert reader.get(Thread, "thr_1") == thread("thr_1")
+            assert [t.id for t in reader.find(Thread)] == ["thr_1"]
+            assert reader.count(Thread) == 1
+            assert not hasattr(reader, "put"), "a read cannot write"
+
+    def test_a_failed_transaction_is_invisible_to_reads(self, store: Store) -> None:
+        with pytest.raises(RuntimeError), store.transaction() as tx:
+            tx.put(thread("thr_1"))
+            tx.add_outbox("run.execute", {"runId": "run_1"})
+            raise RuntimeError("the command failed half way")
+        with store.read() as reader:
+            assert reader.get(Thread, "thr_1") is None
+            assert reader.outbox() == []
+
+    def test_reads_and_transactions_do_not_nest(self, store: Store) -> None:
+        with store.transaction(), pytest.raises(RuntimeError, match="do not nest"), store.read():
+            pass
+        with store.read(), pytest.raises(RuntimeError, match="do not nest"), store.transaction():
+            pass
+
+    def test_the_store_refuses_a_thread_that_does_not_own_it(self, store: Store) -> None:
+        with store.transaction() as tx:
+            tx.put(thread("thr_1"))
+        uses = {
+            "transaction": lambda: store.transaction().__enter__(),
+            "read": lambda: store.read().__enter__(),
+            "events_after": lambda: store.events_after(0),
+            "last_event_seq": store.last_event_seq,
+        }
+        refused: dict[str, BaseException | None] = {}
+        for name, use in uses.items():
+            def attempt(name: str = name, use: Callable[[], Any] = use) -> None:
+                try:
+                    use()
+                    refused[name] = None
+                except BaseException as error:
+                    refused[name] = error
+            worker = threading.Thread(target=attempt)
+            worker.start()
+            worker.join()
+        assert {name: type(error) for name, error in refused.items()} == dict.fromkeys(uses, ForeignThread)
+        with store.read() as reader:  # the owner still can
+            assert reader.get(Thread, "thr_1") is not None
 
     # ------------------------------------------------------------------ requests, meta
 

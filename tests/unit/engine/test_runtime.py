@@ -1,0 +1,138 @@
+"""The runtime's outbox: a side effect that fails is retried, then parked and shown —
+never dropped — and what waited on it fails visibly. Its loops are supervised."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.domain.records import Item, Message, Run
+from tether.domain.types import ItemStatus, RunStatus
+from tether.engine import runtime as runtime_module
+from tether.engine.queries import Queries
+from tether.engine.runtime import PARK_AFTER, Runtime, retry_at
+from tether.providers.script import ScriptProvider
+from tether.store.base import OutboxRow
+from tether.store.sqlite import SQLiteStore
+from tether.types import ADMIN, Caller
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Runtime]:
+    monkeypatch.setattr(runtime_module, "RETRY_FIRST", 0.001)  # retries in ms, not seconds
+    store = SQLiteStore(tmp_path / "tether.db")
+    rt = Runtime(store, "env_test", tmp_path, {"script": ScriptProvider()})
+    await rt.start()
+    yield rt
+    await rt.close()
+    store.close()
+
+
+async def until(rt: Runtime, keys: list[str], check: Callable[[], Any]) -> Any:
+    found = await rt.notifier.wait_until(keys, check, timeout=10)
+    assert found is not None, "timed out"
+    return found
+
+
+def thread_of(rt: Runtime) -> Caller:
+    created = rt.commands.create_thread(ADMIN, "script", "t")
+    return Caller("thread", thread_id=created["threadId"])
+
+
+def test_retry_times_double_up_to_the_cap_then_park() -> None:
+    assert retry_at(1, 100.0) == pytest.approx(100.0 + runtime_module.RETRY_FIRST)
+    assert retry_at(2, 100.0) == pytest.approx(100.0 + 2 * runtime_module.RETRY_FIRST)
+    assert retry_at(PARK_AFTER - 1, 0.0) <= runtime_module.RETRY_MAX
+    assert retry_at(PARK_AFTER, 0.0) is None
+
+
+async def test_a_side_effect_that_fails_a_few_times_is_retried_until_it_works(runtime: Runtime) -> None:
+    attempts: list[int] = []
+
+    def flaky(row: OutboxRow) -> None:
+        attempts.append(row.attempts)
+        if len(attempts) < 3:
+            raise OSError("the disk hiccuped")
+
+    runtime.add_handler("process.start", flaky)
+    thread = thread_of(runtime)
+    runtime.commands.start_process(thread, "command", "true")
+
+    def settled() -> bool | None:
+        with runtime.store.read() as reader:
+            return True if not reader.outbox() and not reader.parked() else None
+
+    await until(runtime, ["effects"], settled)
+    assert attempts == [0, 1, 2], "each retry knows how often it failed before"
+
+
+async def test_a_side_effect_that_keeps_failing_is_parked_shown_and_its_item_fails(runtime: Runtime) -> None:
+    def broken(row: OutboxRow) -> None:
+        raise OSError("no shell here")
+
+    runtime.add_handler("process.start", broken)
+    thread = thread_of(runtime)
+    item_id = runtime.commands.start_process(thread, "command", "make test")["id"]
+
+    def failed() -> Item | None:
+        with runtime.store.read() as reader:
+            item = reader.get(Item, item_id)
+        return item if item is not None and item.status == ItemStatus.FAILED else None
+
+    item = await until(runtime, [f"thread:{thread.thread_id}"], failed)
+    assert "could not start: OSError: no shell here" in (item.reason or "")
+    with runtime.store.read() as reader:
+        parked = reader.parked(thread.thread_id)
+        wake = [m for m in reader.find(Message, thread_id=thread.thread_id) if m.role == "notification"]
+        runs = reader.find(Run, thread_id=thread.thread_id)
+    assert [(row.kind, row.attempts, row.parked) for row in parked] == [("process.start", PARK_AFTER, True)]
+    assert wake and runs, "the failure woke the thread: nothing waits on a parked effect"
+    view = Queries(runtime.commands).thread(ADMIN, thread.thread_id or "")
+    assert [e["kind"] for e in view["parkedEffects"]] == ["process.start"]
+    assert Queries(runtime.commands).effects(ADMIN)["parked"][0]["lastError"] == "OSError: no shell here"
+
+
+async def test_a_turn_that_cannot_start_fails_its_run_instead_of_leaving_it_running(runtime: Runtime) -> None:
+    def broken(row: OutboxRow) -> None:
+        raise RuntimeError("no provider process")
+
+    runtime.add_handler("run.execute", broken)
+    run_id = runtime.commands.create_thread(ADMIN, "script", "t", message="{}")["runId"]
+
+    def ended() -> Run | None:
+        with runtime.store.read() as reader:
+            run = reader.get(Run, run_id)
+        return run if run is not None and run.status == RunStatus.FAILED else None
+
+    run = await until(runtime, ["events"], ended)
+    assert run.error == "could not start the turn: RuntimeError: no provider process"
+
+
+async def test_the_drain_is_supervised_a_crash_is_logged_and_it_starts_again(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(runtime_module, "RESTART_DELAY", 0.01)
+    original = runtime.commands.effects_done
+    crashes = []
+
+    def crash_once(done: list[int], failed: list[Any]) -> None:
+        if not crashes:
+            crashes.append(1)
+            raise RuntimeError("the store went away for a moment")
+        original(done, failed)
+
+    monkeypatch.setattr(runtime.commands, "effects_done", crash_once)
+    spawned: list[str] = []
+    runtime.add_handler("process.start", lambda row: spawned.append(row.payload["itemId"]))
+    runtime.commands.start_process(thread_of(runtime), "command", "true")
+
+    def drained() -> bool | None:
+        with runtime.store.read() as reader:
+            return True if not reader.outbox() else None
+
+    await until(runtime, ["effects"], drained)
+    assert crashes and "the outbox drain failed" in caplog.text
+    assert len(spawned) == 2, "the crashed batch was carried out again (handlers are idempotent)"
