@@ -12,6 +12,10 @@ and written to ``bench/results/latest.json``. Timings here are reports, never pa
            inserts of the same number of events.
 - restart: start-up time with N open tasks until the server answers (recovery done).
 - memory:  server RSS per idle thread and per open task, at 100 and at the full size.
+- mixed:   many clients at once (admin, a link token, a thread credential; reads, writes,
+           SSE, MCP, the web page) — requests/s and p50/p99 while tasks with monitors and
+           background commands run on both linked environments, beside the same clients
+           against the same servers idle (the driver is tests/stress/load.py).
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from stress.load import Client, Record, run_load
 from tether.domain.records import Task, Thread
 from tether.ids import millis_between, new_id, now
 from tether.launch import Server
@@ -279,6 +286,74 @@ def bench_restart_and_memory(root: Path, sizes: list[int]) -> dict[str, Any]:
     return out
 
 
+def _mixed_clients(origin: Server, peer: Server, watched: str) -> list[Client]:
+    with peer.client() as client:
+        link_token = client.post("/api/link-tokens", json={"label": "mixed"}).json()["token"]
+    with origin.client() as client:
+        credential = client.post(f"/api/threads/{watched}/credentials", json={}).json()["token"]
+    return [
+        *[Client(f"admin{n}", origin.url, origin.token, watched, web=True) for n in range(3)],
+        *[Client(f"link{n}", peer.url, link_token) for n in range(3)],
+        *[Client(f"credential{n}", origin.url, credential, watched, writes=False) for n in range(2)],
+    ]
+
+
+def _load_figures(record: Record, seconds: float) -> dict[str, Any]:
+    ms = [s * 1000 for s in record.latencies]
+    return {
+        "requests": record.requests,
+        "requests_per_s": round(record.requests / seconds, 1),
+        "p50_ms": median(ms) if ms else None,
+        "p99_ms": percentile(ms, 0.99) if ms else None,
+        "5xx_or_broken": len(record.failures),
+    }
+
+
+def _measure_load(clients: list[Client], seconds: float) -> dict[str, Any]:
+    start = time.perf_counter()
+    record = run_load(clients, threading.Event(), seconds, seed=7)
+    return _load_figures(record, time.perf_counter() - start)
+
+
+def bench_mixed(root: Path, seconds: float, parents: int) -> dict[str, Any]:
+    """The same clients for ``seconds``, first against idle servers, then while ``parents``
+    parents each delegate 10 children (half remote) with a monitor and a background command."""
+    origin, peer = _start_pair(root)
+    try:
+        child = {"tether_script": 1, "rules": [
+            {"on": "start", "do": [{"monitor": "for i in 1 2 3 4 5; do echo $i; sleep 0.5; done"},
+                                   {"bash": "sleep 2; echo OK", "background": True, "await": True},
+                                   {"reply": "WAITING"}]},
+            {"on": "monitor_event", "repeat": True, "do": [{"reply": "PROGRESS"}]},
+            {"on": "any", "repeat": True, "do": [{"reply": "FINAL"}]}]}
+        rules = [{"on": "start", "do": [
+            *[{"delegate": {"task": child, **({"environment": "peer"} if n % 2 else {})}} for n in range(10)],
+            {"reply": "delegated"}]}]
+        with origin.client() as client:
+            watched = client.post("/api/threads", json={"provider": "script", "title": "watched"}).json()
+        clients = _mixed_clients(origin, peer, watched["threadId"])
+        idle = _measure_load(clients, seconds)
+        with origin.client() as client:
+            for n in range(parents):
+                client.post("/api/threads", json={"provider": "script", "title": f"p{n}",
+                                                  "message": _script(rules)}).raise_for_status()
+        busy = _measure_load(clients, seconds)
+        return {
+            "clients": len(clients),
+            "seconds": seconds,
+            "tasks": parents * 10,
+            "idle": idle,
+            "under_load": busy,
+            "throughput_ratio": round(busy["requests_per_s"] / idle["requests_per_s"], 2),
+            "limits": "one Python process per environment answers every client on one event loop; "
+            "the SSE reads from the oldest event and the thread lists grow with the threads the "
+            "writers create, so requests get heavier as the run goes on",
+        }
+    finally:
+        origin.stop()
+        peer.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -304,6 +379,7 @@ def main() -> None:
                 "restart",
                 lambda: bench_restart_and_memory(root / "restart", [100] if quick else [100, 10_000]),
             ),
+            ("mixed", lambda: bench_mixed(root / "mixed", 5.0 if quick else 20.0, 2 if quick else 10)),
         ]
         for name, step in steps:
             print(f"… {name}", file=sys.stderr, flush=True)
