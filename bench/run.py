@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+# The mixed-load figure uses the stress suite's load driver, so both measure the same clients.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from stress.load import Client, Record, run_load
 from tether.domain.records import Task, Thread
