@@ -23,7 +23,7 @@ from tether.errors import NotFound, Unauthorized
 from tether.ids import format_time, new_id, now
 from tether.peers import Peers
 from tether.providers import Provider, load_providers
-from tether.store.sqlite import SQLiteStore
+from tether.store import open_store
 from tether.tools.surface import Tools
 from tether.types import ADMIN, Caller
 
@@ -42,7 +42,7 @@ class Environment:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self.config = load_config(data_dir)
-        self.store = SQLiteStore(data_dir / "tether.db")
+        self.store = open_store(data_dir / "tether.db")
         with self.store.transaction() as tx:
             environment_id = tx.get_meta("environment_id")
             if environment_id is None:

@@ -21,7 +21,7 @@ from typing import Any
 from tether.domain.records import Record
 from tether.ids import now
 from tether.store.base import TABLES, Event, ForeignThread, OutboxRow, R, Reader, Store, Table, Transaction
-from tether.store.schema import MIGRATIONS
+from tether.store.sqlite.schema import MIGRATIONS
 
 
 def _dumps(value: Any) -> str:
