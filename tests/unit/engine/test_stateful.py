@@ -3,8 +3,9 @@
 Hypothesis interleaves a parent delegating tasks with everything a child and the
 world can do (runs ending with replies or failures, background commands, monitors,
 schedules, sends from the parent, cancels, deadlines passing, the parent's wake runs
-ending) and checks G1-G4 after every step, plus the deadline rules of SPEC §11, plus a drain at the end: once every run and every item has
-ended, every task is terminal and every result that was not disposed is delivered.
+ending) and checks G1-G4 and the deadline rules of SPEC §11 after every step, plus a
+drain at the end: once every run and every item has ended, every task is terminal and
+every result that was not disposed is delivered.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from tether_world import World, commit_violations
 
 from tether.domain import tasks as task_rules
@@ -123,15 +124,25 @@ class Delegation(RuleBasedStateMachine):
         )
         self.children.append(view["childThreadId"])
 
+    def armed(self, s: Snapshot) -> list[Task]:
+        """Open tasks whose deadline has not fired yet."""
+        return [t for t in s.tasks.values() if t.deadline_at is not None and t.is_open and not t.overdue]
+
+    @precondition(lambda self: bool(self.armed(self.snap())))
     @rule(n=pick)
     def deadline_passes(self, n: int) -> None:
-        """The timer fires a task's deadline — maybe again, maybe after the task ended."""
-        before = self.snap()
-        armed = [t for t in before.tasks.values() if t.deadline_at is not None]
-        task = self.choose(armed, n)
+        """The timer fires an armed deadline."""
+        self.fire_deadline(self.choose(self.armed(self.snap()), n))
+
+    @rule(n=pick)
+    def deadline_fires_again(self, n: int) -> None:
+        """The timer fires any deadline — again (a restart, a duplicate), or after the end."""
+        self.fire_deadline(self.choose([t for t in self.snap().tasks.values() if t.deadline_at], n))
+
+    def fire_deadline(self, task: Task | None) -> None:
         if task is None:
             return
-        [item] = [i for i in before.items.values() if i.task_id == task.id]
+        [item] = [i for i in self.snap().items.values() if i.task_id == task.id]
         fires = task.is_open and not task.overdue
         dumped = self.world.dump()
         self.world.commands.deadline_due(item.id)
