@@ -10,11 +10,14 @@ so "the answer comes after the deadline notice" is an order the test sets, not a
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tether.ids import parse_time
 from tether.launch import Server
 
 from .helpers import (
@@ -261,3 +264,31 @@ def test_bad_deadlines_are_refused_over_mcp_and_in_scripts(shared_server: Server
         )[0]
         assert "deadlineMs must be a whole number" in failed["error"]
         assert tasks_of(client, bad) == []
+
+
+def test_an_adopted_command_keeps_its_timeout_across_a_restart(server_factory: Any) -> None:
+    """The timeout counts from the command's start, not from its adoption after a SIGKILL:
+    one that ran out while tether was down is ended at once, not a full timeout later."""
+    server = server_factory("adopting")
+    _, command = gate()  # never opened: only the timeout ends it
+    body = script(rule("start", {"bash": command, "background": True, "id": "b1", "timeout_ms": 3000},
+                       reply("WAITING")))
+    with server.client() as client:
+        thread_id = new_thread(client, body)
+        item = await_state(server, lambda: thread(client, thread_id)["background"], what="the command")[0]
+    await_state(server, lambda: _pid(server, item["id"]), what="its process")
+    server.kill()
+    # tether is down, so nothing can announce the timeout passing: wait for the clock itself
+    time.sleep(max(0.0, (parse_time(item["startedAt"]) - datetime.now(UTC)).total_seconds() + 3.2))
+    server.start()
+    restarted = datetime.now(UTC)
+    with server.client() as client:
+        ended = await_state(
+            server,
+            lambda: [i for i in thread(client, thread_id)["background"] if i["status"] != "running"],
+            what="the command to end",
+        )[0]
+    assert ended["reason"] == "timeout"
+    assert (parse_time(ended["endedAt"]) - restarted).total_seconds() < 1.5, (
+        "an adopted command ran a second full timeout"
+    )
