@@ -181,3 +181,32 @@ def test_cancel_reaches_the_remote_child_and_stops_its_commands(up: dict[str, An
         assert client.get(f"/api/tasks/{task['taskId']}").json()["status"] == "cancelled"
     # the killed wrapper is reaped by the peer's watcher; no event for the reaping itself
     poll(lambda: process_gone(pid), 20, f"process {pid} to be gone")
+
+
+def test_remote_answers_racing_the_deadline_are_neither_lost_nor_doubled(up: dict[str, Any]) -> None:
+    """Remote children answer around their deadline; the origin decides by what it has
+    heard. Whichever came first: each answer reaches the parent once, and a task has a
+    notice exactly when it is overdue — never one fired before it was due."""
+    origin = up["origin"]
+    labels = {f"ANSWER-{chr(97 + n)}": offset for n, offset in enumerate([-700, -400, -100, 100, 400])}
+    deadline_ms = 1500
+    delegates = [
+        {"delegate": {"task": {"tether_script": 1, "rules": [{"on": "start", "do": [
+            {"sleep_ms": deadline_ms + offset}, {"reply": label}]}]},
+            "id": label, "environment": "peer", "deadline_ms": deadline_ms}}
+        for label, offset in labels.items()
+    ]
+    parent_id = new_thread(origin, {"tether_script": 1, "rules": [
+        {"on": "start", "do": [*delegates, {"reply": "delegated"}]},
+        {"on": "any", "repeat": True, "do": [{"reply": "noted"}]},
+    ]})
+    tasks, parent = await_delivered(origin, parent_id, len(labels))
+    texts = [m["text"] for m in wake_messages(parent)]
+    for label in labels:
+        assert sum(text.count(f"\n{label}") for text in texts) == 1, (label, texts)
+    noticed = [m["source"]["taskId"] for m in notices(origin, parent_id)]
+    for task in tasks:
+        assert task["status"] == "completed"
+        assert noticed.count(task["taskId"]) == (1 if task["overdue"] else 0), task
+        if task["completedAt"] < task["deadlineAt"]:
+            assert not task["overdue"], ("fired before it was due", task)
