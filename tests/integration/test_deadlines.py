@@ -170,9 +170,29 @@ def test_answers_racing_the_deadline_are_neither_lost_nor_doubled(shared_server:
         assert notices[task["taskId"]] == (1 if task["overdue"] else 0), task
         if task["completedAt"] < task["deadlineAt"]:
             assert not task["overdue"], ("fired before it was due", task)
-    assert any(t["overdue"] for t in found) and not all(t["overdue"] for t in found), (
-        "the offsets span the deadline: some answered before it, some after"
-    )
+
+
+def test_an_answer_before_the_deadline_never_fires_it(shared_server: Server) -> None:
+    """The parent holds on a scheduled wake due after the deadline: the timer fires in
+    due order, so once that wake ran, the deadline's moment has been handled too."""
+    child = script(rule("start", reply("FINAL")))
+    parent = deadline_parent(child, deadline_ms=DEADLINE_MS)
+    later = {"schedule": {"in_ms": DEADLINE_MS + 300, "text": "later", "hold": True}}
+    parent["rules"][0]["do"].insert(1, later)
+    parent["rules"].append(rule("scheduled", reply("looked again")))
+    with shared_server.client() as client:
+        parent_id = new_thread(client, parent)
+        await_state(
+            shared_server,
+            lambda: [r for r in runs_of(thread(client, parent_id), "scheduled") if r["reply"]],
+            what="the scheduled wake after the deadline",
+        )
+        settled_tree(client, parent_id)
+        view, [task] = thread(client, parent_id), tasks_of(client, parent_id)
+    assert (task["status"], task["overdue"]) == ("completed", False)
+    assert task["completedAt"] < task["deadlineAt"]
+    assert deadline_notices(view) == [] and runs_of(view, "task_deadline") == []
+    assert results(view) == Counter({"FINAL": 1})
 
 
 def test_a_background_command_s_timeout_ends_it_and_wakes_its_thread(shared_server: Server) -> None:

@@ -272,7 +272,7 @@ class Runtime:
         fire = {ItemKind.SCHEDULE: self.commands.schedule_due, ItemKind.TASK: self.commands.deadline_due}
         while True:
             self._timer_wakeup.clear()
-            horizon = format_time(datetime.now(UTC) + timedelta(milliseconds=1))
+            horizon = format_time(datetime.now(UTC))  # never early: a deadline means "after"
             while self._due and self._due[0][0] <= horizon:
                 _, item_id, kind = heapq.heappop(self._due)
                 try:
