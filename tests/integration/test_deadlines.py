@@ -300,7 +300,7 @@ def test_an_adopted_command_keeps_its_timeout_across_a_restart(server_factory: A
     server.kill()
     # tether is down, so nothing can announce the timeout passing: wait for the clock itself
     time.sleep(max(0.0, (parse_time(item["startedAt"]) - datetime.now(UTC)).total_seconds() + 3.2))
-    server.start()
+    server.start(timeout=60)  # a loaded machine may start slowly
     restarted = datetime.now(UTC)
     with server.client() as client:
         ended = await_state(
