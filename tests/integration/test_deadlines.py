@@ -122,7 +122,7 @@ def test_cancel_stops_the_child_s_commands_and_wakes_the_parent_once(shared_serv
         item = await_state(
             shared_server, lambda: thread(client, child_id)["background"], what="the child's command"
         )[0]
-        pid = await_state(shared_server, lambda: _pid(shared_server, item["id"]), what="its process")
+        pid = _await_pid(shared_server, item["id"])
         settled_tree(client, parent_id)
         await_exit(pid, timeout=10)  # the command's process group was ended
 
@@ -137,11 +137,16 @@ def test_cancel_stops_the_child_s_commands_and_wakes_the_parent_once(shared_serv
         assert child["cancelled"] is True
 
 
-def _pid(server: Server, item_id: str) -> int | None:
-    try:
-        return wrapper_pid(server, item_id)
-    except (OSError, ValueError):
-        return None
+def _await_pid(server: Server, item_id: str, timeout: float = 20.0) -> int:
+    """The wrapper writes its pid file itself as it starts and no event announces that,
+    so this is a bounded poll."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            return wrapper_pid(server, item_id)
+        except (OSError, ValueError):
+            assert time.monotonic() < end, f"no pid file for {item_id} after {timeout}s"
+            time.sleep(0.05)  # polling interval: no event to await for a file the wrapper writes
 
 
 def test_answers_racing_the_deadline_are_neither_lost_nor_doubled(shared_server: Server) -> None:
@@ -296,7 +301,7 @@ def test_an_adopted_command_keeps_its_timeout_across_a_restart(server_factory: A
     with server.client() as client:
         thread_id = new_thread(client, body)
         item = await_state(server, lambda: thread(client, thread_id)["background"], what="the command")[0]
-    await_state(server, lambda: _pid(server, item["id"]), what="its process")
+    _await_pid(server, item["id"])
     server.kill()
     # tether is down, so nothing can announce the timeout passing: wait for the clock itself
     time.sleep(max(0.0, (parse_time(item["startedAt"]) - datetime.now(UTC)).total_seconds() + 3.2))
