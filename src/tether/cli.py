@@ -226,7 +226,7 @@ def thread_wait(
 
 
 def _task_table(tasks: list[dict[str, Any]]) -> Table:
-    table = Table("task", "title", "status", "work", "result", "follow-up of", "delivery")
+    table = Table("task", "title", "status", "work", "deadline", "result", "follow-up of", "delivery")
     for t in tasks:
         result = (t.get("result") or {}).get("text")
         table.add_row(
@@ -234,11 +234,22 @@ def _task_table(tasks: list[dict[str, Any]]) -> Table:
             t.get("title") or "",
             t["status"],
             t["workState"],
+            _deadline_cell(t),
             (result or "")[:60],
             t.get("followUpOf") or "",
             t["delivery"]["state"],
         )
     return table
+
+
+def _deadline_cell(task: dict[str, Any]) -> str:
+    """``OVERDUE`` once the deadline passed while the task was open (SPEC §11), else when
+    it falls due, and what it will do then."""
+    if task.get("overdue"):
+        return "[bold red]OVERDUE[/]"
+    if task.get("deadlineAt"):
+        return f"{task['deadlineAt']} ({task.get('onDeadline') or 'wake'})"
+    return ""
 
 
 @task_app.command("list")

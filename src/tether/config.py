@@ -20,6 +20,9 @@ api_key_env = "CODEX_API_KEY"
 
 [events]
 retention_days = 7
+
+[tasks]
+default_deadline_ms = 3600000  # every task delegated from here without a deadline gets this one
 ```
 
 docs/agents.md lists every key of each provider.
@@ -31,6 +34,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from tether.domain.deadlines import check as check_deadline
+from tether.domain.types import DomainError
 from tether.errors import Invalid
 
 
@@ -49,3 +54,14 @@ def section(config: dict[str, Any], *names: str) -> dict[str, Any]:
     for name in names:
         value = value.get(name, {}) if isinstance(value, dict) else {}
     return value if isinstance(value, dict) else {}
+
+
+def default_deadline_ms(config: dict[str, Any]) -> int | None:
+    """``[tasks] default_deadline_ms`` (SPEC §11): None when unset; a bad value stops the
+    start with a message that names the key, rather than arming nonsense."""
+    value = section(config, "tasks").get("default_deadline_ms")
+    try:
+        check_deadline(value, None)
+    except DomainError as error:
+        raise Invalid(f"config.toml [tasks] default_deadline_ms: {error}") from None
+    return value

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tether import __version__
-from tether.config import load_config, section
+from tether.config import default_deadline_ms, load_config, section
 from tether.domain.records import Thread, Token
 from tether.engine.runtime import Runtime
 from tether.errors import NotFound, Unauthorized
@@ -67,6 +67,7 @@ class Environment:
         #: Where this environment's API and ``/mcp`` answer (set by ``tether serve``).
         self.base_url: str | None = None
         self.commands = self.runtime.commands
+        self.commands.default_deadline_ms = default_deadline_ms(self.config)
         self.queries = self.tools.queries
         self.peers = Peers(self)
         self.tools.peers = self.peers

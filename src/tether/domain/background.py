@@ -36,11 +36,13 @@ def end_text(item: Item) -> str:
     name = f" {item.label}" if item.label else ""
     match item.kind:
         case ItemKind.COMMAND:
-            how = (
-                f"exited with code {item.exit_code}"
-                if item.exit_code is not None
-                else f"ended without an exit code ({item.reason or item.status})"
-            )
+            if item.reason == "timeout":
+                limit = f" of {item.timeout_ms} ms" if item.timeout_ms else ""
+                how = f"timed out: it was killed at its timeout{limit}"
+            elif item.exit_code is not None:
+                how = f"exited with code {item.exit_code}"
+            else:
+                how = f"ended without an exit code ({item.reason or item.status})"
             return f"Background command{name} `{item.command}` {how}."
         case ItemKind.MONITOR:
             how = f"exit code {item.exit_code}" if item.exit_code is not None else item.reason or item.status

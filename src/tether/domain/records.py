@@ -204,6 +204,14 @@ class Task(Record):
     #: The child still has a run or background work that will wake it (latest task only):
     #: even once this task ended, a follow-up may come, so the parent still waits.
     child_active: bool = False
+    #: When the parent stops waiting without news (SPEC §11); kept by the origin.
+    deadline_at: str | None = None
+    #: What the deadline does: "wake" the parent once, or "cancel" the task.
+    on_deadline: str = "wake"
+    #: The deadline passed while the task was open (it fired; it never fires again).
+    overdue: bool = False
+    #: Why it was cancelled ("deadline", a person's reason ...), also told to a remote child.
+    cancel_reason: str | None = None
 
     @property
     def is_open(self) -> bool:

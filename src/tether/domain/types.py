@@ -26,6 +26,7 @@ class Trigger(StrEnum):
     MONITOR_FINISHED = "monitor_finished"
     SCHEDULED = "scheduled"
     DELEGATED_TASK = "delegated_task"
+    TASK_DEADLINE = "task_deadline"
     RESTART = "restart"
 
 
@@ -59,6 +60,13 @@ class WorkState(StrEnum):
     WORKING = "working"
     WAITING_BACKGROUND = "waiting_background"
     RESULT_AVAILABLE = "result_available"
+
+
+class OnDeadline(StrEnum):
+    """What happens when a task is still open at its deadline (SPEC §11)."""
+
+    WAKE = "wake"
+    CANCEL = "cancel"
 
 
 class Delivery(StrEnum):

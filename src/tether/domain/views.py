@@ -84,6 +84,9 @@ def task_view(task: Task) -> dict[str, Any]:
         "createdAt": task.created_at,
         "completedAt": task.completed_at,
         "childActive": task.child_active,
+        "deadlineAt": task.deadline_at,
+        "onDeadline": task.on_deadline,
+        "overdue": task.overdue,
     }
 
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from tether.domain import background, runs, tasks, threads
+from tether.domain import background, deadlines, runs, tasks, threads
 from tether.domain.records import Item, Link, Message, Run, Send, Task, Thread
 from tether.domain.types import (
     ACTIVE_RUN,
@@ -28,6 +28,7 @@ from tether.domain.types import (
     DomainError,
     ItemKind,
     ItemStatus,
+    OnDeadline,
     RunStatus,
     TaskStatus,
     Trigger,
@@ -62,6 +63,9 @@ class Commands:
             providers if isinstance(providers, Mapping) else dict.fromkeys(providers)
         )
         self._on_commit = on_commit
+        #: ``[tasks] default_deadline_ms`` of ``config.toml``: the deadline of every task
+        #: delegated from here without one of its own (None: no deadline).
+        self.default_deadline_ms: int | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -507,8 +511,11 @@ class Commands:
             hold=hold,
             task_id=task.id,
             environment_id=task.child_environment_id,
+            due_at=task.deadline_at,
         )
-        return self._start_item(u, item)
+        # The deadline is armed here, in the parent's environment (the origin): it fires
+        # even while a remote child's link is down, and the timer re-arms it after a restart.
+        return self._start_item(u, item, "timer.arm" if task.deadline_at else None)
 
     @staticmethod
     def _start_item(u: Unit, item: Item, outbox: str | None = None) -> Item:
@@ -592,6 +599,8 @@ class Commands:
         title: str | None = None,
         client_request_id: str | None = None,
         model: str | None = None,
+        deadline_ms: int | None = None,
+        on_deadline: str | None = None,
     ) -> dict[str, Any]:
         """``delegate_task`` to this environment: a task, its child thread, and the held
         item in the parent — one transaction, so a retry finds all three or none (G9)."""
@@ -599,6 +608,7 @@ class Commands:
             raise Invalid(f"mode must be 'async' or 'wait', not {mode!r}")
         if not task.strip():
             raise Invalid("task must not be empty")
+        self._check_deadline(deadline_ms, on_deadline)
 
         def body(u: Unit) -> dict[str, Any]:
             parent = self._acting_thread(u, caller)
@@ -614,6 +624,7 @@ class Commands:
                 hold=hold,
                 waiting_call=mode == "wait",
             )
+            deadlines.set_deadline(record, deadline_ms, on_deadline, self.default_deadline_ms)
             chosen = provider or _default_provider(task, parent.provider)
             self._child(u, record, task, chosen, parent.token_id, origin=None, model=model)
             self._task_item(u, record, hold)
@@ -621,6 +632,54 @@ class Commands:
             return task_view(record)
 
         return self._once(caller, "delegate", client_request_id, body)
+
+    @staticmethod
+    def _check_deadline(deadline_ms: int | None, on_deadline: str | None) -> None:
+        try:
+            deadlines.check(deadline_ms, on_deadline)
+        except DomainError as error:
+            raise Invalid(str(error)) from None
+
+    def deadline_due(self, item_id: str) -> None:
+        """A task's deadline came due (the timer says when; also one that fell due while we
+        were down): the parent is told once, or the task is cancelled (SPEC §11). The
+        ``overdue`` mark and the notice (or the cancel and its wake) are one transaction,
+        so a deadline fires at most once; an answer that came first leaves nothing to do."""
+        with self.unit() as u:
+            item = u.load(Item, item_id)
+            task = u.load(Task, item.task_id) if item is not None else None
+            if item is None or task is None or not item.is_running or item.due_at is None:
+                return
+            item.due_at = None  # disarmed: nothing more is due for this item
+            u.save(item)
+            u.emit("item.updated", item_view(item), thread_id=item.thread_id)
+            action = deadlines.passed(task)
+            if action is None:
+                return
+            self._save_task(u, task)
+            if action == OnDeadline.CANCEL:
+                self._cancel(u, task, by_parent=False, reason="deadline")
+            else:
+                self._deadline_notice(u, task)
+
+    def _deadline_notice(self, u: Unit, task: Task) -> None:
+        """One ``task_deadline`` notification and run in the parent: which task, and how it
+        stands — what its child still holds on (local), or the link's state (remote)."""
+        parent = u.load(Thread, task.parent_thread_id)
+        if parent is None:
+            return
+        local = self._local_side(task, task.child_thread_id)
+        held = u.query(Item, thread_id=task.child_thread_id, held=True) if local else []
+        link = None if local else u.load(Link, task.child_environment_id)
+        source = {
+            "kind": Trigger.TASK_DEADLINE,
+            "taskId": task.id,
+            "title": task.title,
+            "status": task.status,
+            "workState": task.work_state,
+        }
+        message = self._message(u, parent, "notification", deadlines.notice_text(task, held, link), source)
+        self._queue(u, parent, Trigger.TASK_DEADLINE, [message], key=task.id, taskId=task.id)
 
     def _child(
         self,
@@ -677,6 +736,7 @@ class Commands:
     def _cancel(self, u: Unit, task: Task, by_parent: bool, reason: str | None) -> None:
         tasks.cancel(task, u.at)
         task.waiting_call = False
+        task.cancel_reason = reason
         self._save_task(u, task, "task.completed")
         child = u.load(Thread, task.child_thread_id) if self._local_side(task, task.child_thread_id) else None
         if child is not None:
@@ -934,12 +994,15 @@ class Commands:
         title: str | None = None,
         client_request_id: str | None = None,
         model: str | None = None,
+        deadline_ms: int | None = None,
+        on_deadline: str | None = None,
     ) -> dict[str, Any]:
         """``delegate_task`` to a linked environment (origin side): the task and its held
         item are recorded here at once; the peer is asked to create the child by the link's
         pusher, from the durable ``remote_pending`` mark, until it answers."""
         if mode not in ("async", "wait"):
             raise Invalid(f"mode must be 'async' or 'wait', not {mode!r}")
+        self._check_deadline(deadline_ms, on_deadline)
 
         def body(u: Unit) -> dict[str, Any]:
             parent = self._acting_thread(u, caller)
@@ -959,6 +1022,7 @@ class Commands:
                 remote_pending="create",
                 remote_request={"task": task, "provider": provider, "model": model},
             )
+            deadlines.set_deadline(record, deadline_ms, on_deadline, self.default_deadline_ms)
             self._save_task(u, record, "task.created")
             self._task_item(u, record, hold)
             u.outbox("peer.push", {"environmentId": environment_id})

@@ -21,10 +21,12 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tether.domain.records import Item
 from tether.domain.types import ItemKind
+from tether.ids import parse_time
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +118,11 @@ class ProcessManager:
             exited = self._exit_future(pid)
             deadline = None
             if item.timeout_ms:
-                start = asyncio.get_running_loop().time()
-                deadline = start + item.timeout_ms / 1000
+                # Counted from the item's start, not from this watch: a command adopted
+                # after a restart keeps its original timeout (nothing waits forever).
+                ran = (datetime.now(UTC) - parse_time(item.started_at)).total_seconds()
+                left = max(0.0, item.timeout_ms / 1000 - ran)
+                deadline = asyncio.get_running_loop().time() + left
             while not exited.done():
                 wait = _TAIL_INTERVAL if item.kind == ItemKind.MONITOR else None
                 if deadline is not None:

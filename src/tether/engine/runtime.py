@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -85,6 +86,9 @@ class Runtime:
         self._drain_again = False
         self._retry: asyncio.TimerHandle | None = None
         self._timer_wakeup = asyncio.Event()
+        #: Armed timers ``(dueAt, itemId, kind)``, soonest first: scheduled wakes and task
+        #: deadlines. Seeded from the store at start, fed by ``timer.arm`` rows after.
+        self._due: list[tuple[str, str, str]] = []
         self._timer_task: asyncio.Task[None] | None = None
         self._started = False
         self._retention = timedelta(days=retention_days)
@@ -116,6 +120,7 @@ class Runtime:
             else:
                 lost.append(item.id)
         self.commands.recover(exited, lost)
+        self._seed_timers()
         self._started = True
         for item, pid in adopt:
             self.processes.watch(item, pid)
@@ -313,23 +318,33 @@ class Runtime:
     # ------------------------------------------------------------------ timers
 
     def _arm(self, row: OutboxRow) -> None:
-        self._timer_wakeup.set()
+        with self.store.read() as reader:
+            item = reader.get(Item, row.payload["itemId"])
+        if item is not None and item.due_at is not None:
+            heapq.heappush(self._due, (item.due_at, item.id, item.kind))
+            self._timer_wakeup.set()
+
+    def _seed_timers(self) -> None:
+        """Every timer the store holds: what fell due while we were down fires at once."""
+        with self.store.read() as reader:
+            items = reader.find(Item, status=ItemStatus.RUNNING, kind=[ItemKind.SCHEDULE, ItemKind.TASK])
+        self._due = [(i.due_at, i.id, i.kind) for i in items if i.due_at is not None]
+        heapq.heapify(self._due)
 
     async def _timers(self) -> None:
-        """Fire scheduled wakes when due — also those that fell due while we were down."""
+        """Fire scheduled wakes and task deadlines when due, each through its command, which
+        re-reads the item and does nothing if its moment has passed (a repeat is harmless)."""
+        fire = {ItemKind.SCHEDULE: self.commands.schedule_due, ItemKind.TASK: self.commands.deadline_due}
         while True:
             self._timer_wakeup.clear()
-            with self.store.read() as reader:
-                schedules = reader.find(Item, status=ItemStatus.RUNNING, kind=ItemKind.SCHEDULE)
-            now = datetime.now(UTC)
-            wait: float | None = None
-            for item in sorted(schedules, key=lambda i: i.due_at or ""):
-                due = parse_time(item.due_at or format_time(now))
-                if due <= now + timedelta(milliseconds=1):
-                    self.commands.schedule_due(item.id)
-                else:
-                    wait = (due - now).total_seconds()
-                    break
+            horizon = format_time(datetime.now(UTC))  # never early: a deadline means "after"
+            while self._due and self._due[0][0] <= horizon:
+                _, item_id, kind = heapq.heappop(self._due)
+                try:
+                    fire[ItemKind(kind)](item_id)
+                except Exception:  # one bad timer must not stop the others
+                    log.exception("timer of %s failed", item_id)
+            wait = (parse_time(self._due[0][0]) - datetime.now(UTC)).total_seconds() if self._due else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._timer_wakeup.wait(), wait)
 

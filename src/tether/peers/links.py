@@ -266,7 +266,7 @@ class Peer:
 
     async def _cancel(self, task: Task) -> None:
         response = await self.http.post(
-            f"/api/tasks/{task.id}/cancel", json={"reason": "cancelled by origin"}
+            f"/api/tasks/{task.id}/cancel", json={"reason": task.cancel_reason or "cancelled by origin"}
         )
         if response.status_code == 401:
             raise _error(response)

@@ -220,6 +220,8 @@ class ScriptProvider:
             timeoutMs=spec.get("timeout_ms"),
             hold=spec.get("hold", True),
             title=spec.get("title"),
+            deadlineMs=spec.get("deadline_ms"),
+            onDeadline=spec.get("on_deadline"),
             clientRequestId=key,
         )
         ref = spec.get("id")

@@ -40,7 +40,9 @@ DESCRIPTIONS: dict[str, str] = {
         "completion wake (a new turn) when the child has settled — do not poll for it. "
         "mode 'wait' blocks up to timeoutMs and returns the result; on timeout you get "
         "{taskId, status, timedOut: true} and the wake still comes later: never delegate the same "
-        "work again. Later answers of the child arrive as follow-up tasks with their own wakes."
+        "work again. Later answers of the child arrive as follow-up tasks with their own wakes. "
+        "With deadlineMs, you hear once (a task_deadline turn) if the task is still open then, "
+        "or it is cancelled (onDeadline 'cancel')."
     ),
     "task_status": "Read a delegated task: status, workState, interim reply, result, progress, follow-ups.",
     "task_cancel": (
@@ -79,6 +81,11 @@ PARAMETERS: dict[str, str] = {
     "timeoutMs": "Upper bound of the wait, in milliseconds.",
     "hold": "Keep yourself unsettled until this finishes (default true for tasks, false for wakes).",
     "title": "A short title shown in lists and in the completion wake.",
+    "deadlineMs": "Milliseconds after which, if the task is still open, onDeadline happens (default: none).",
+    "onDeadline": (
+        "'wake' (default): you get one task_deadline turn saying how the task stands, and the task "
+        "goes on; 'cancel': the task is cancelled and you are woken with status cancelled."
+    ),
     "clientRequestId": "Idempotency key: repeating a call with the same key returns the first outcome.",
     "taskId": "The task id (tsk_…).",
     "reason": "Why, shown to the people watching.",

@@ -64,6 +64,8 @@ class Tools:
         timeoutMs: int | None = None,
         hold: bool = True,
         title: str | None = None,
+        deadlineMs: int | None = None,
+        onDeadline: str | None = None,
         clientRequestId: str | None = None,
     ) -> dict[str, Any]:
         text = task if isinstance(task, str) else json.dumps(task)
@@ -80,6 +82,8 @@ class Tools:
                 mode=mode,
                 hold=hold,
                 title=title,
+                deadline_ms=deadlineMs,
+                on_deadline=onDeadline,
                 client_request_id=clientRequestId,
             )
         else:
@@ -92,6 +96,8 @@ class Tools:
                 mode=mode,
                 hold=hold,
                 title=title,
+                deadline_ms=deadlineMs,
+                on_deadline=onDeadline,
                 client_request_id=clientRequestId,
             )
         if mode != "wait":

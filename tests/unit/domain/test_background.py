@@ -141,6 +141,14 @@ def test_command_end_text_without_exit_code_names_the_reason() -> None:
     assert "(cancelled)" in background.end_text(item2)
 
 
+def test_command_end_text_says_it_timed_out() -> None:
+    """SPEC §11: a command's own timeout_ms ends it, and its end says so."""
+    item = make_item(ItemKind.COMMAND, label="suite", command="make test", timeout_ms=500)
+    background.end(item, ItemStatus.ENDED, LATER, reason="timeout")
+    expected = "Background command suite `make test` timed out: it was killed at its timeout of 500 ms."
+    assert background.end_text(item) == expected
+
+
 def test_monitor_end_text() -> None:
     item = make_item(ItemKind.MONITOR, label="log", command="tail -f x")
     background.end(item, ItemStatus.ENDED, LATER, exit_code=0)

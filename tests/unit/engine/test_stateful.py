@@ -2,9 +2,10 @@
 
 Hypothesis interleaves a parent delegating tasks with everything a child and the
 world can do (runs ending with replies or failures, background commands, monitors,
-schedules, sends from the parent, cancels, the parent's wake runs ending) and checks
-G1-G4 after every step, plus a drain at the end: once every run and every item has
-ended, every task is terminal and every result that was not disposed is delivered.
+schedules, sends from the parent, cancels, deadlines passing, the parent's wake runs
+ending) and checks G1-G4 and the deadline rules of SPEC §11 after every step, plus a
+drain at the end: once every run and every item has ended, every task is terminal and
+every result that was not disposed is delivered.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from tether_world import World, commit_violations
 
 from tether.domain import tasks as task_rules
@@ -40,6 +41,7 @@ _RESULT_STATUS = {
 MAX_CHILDREN = 4
 
 pick = st.integers(min_value=0, max_value=10_000)
+deadline_modes = st.sampled_from([None, None, "wake", "cancel"])
 
 
 class Snapshot:
@@ -103,17 +105,56 @@ class Delegation(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ rules
 
-    @initialize(hold=st.booleans())
-    def first_delegation(self, hold: bool) -> None:
-        self.delegate(hold=hold, during_run=True)
+    @initialize(hold=st.booleans(), deadline=deadline_modes)
+    def first_delegation(self, hold: bool, deadline: str | None) -> None:
+        self.delegate(hold=hold, during_run=True, deadline=deadline)
 
-    @rule(hold=st.booleans(), during_run=st.booleans())
-    def delegate(self, hold: bool, during_run: bool) -> None:
+    @rule(hold=st.booleans(), during_run=st.booleans(), deadline=deadline_modes)
+    def delegate(self, hold: bool, during_run: bool, deadline: str | None) -> None:
         if len(self.children) >= MAX_CHILDREN:
             return
         caller = self.world.as_thread(self.parent_id, during_run=during_run)
-        view = self.world.commands.delegate(caller, "do the job", provider="script", hold=hold)
+        view = self.world.commands.delegate(
+            caller,
+            "do the job",
+            provider="script",
+            hold=hold,
+            deadline_ms=60_000 if deadline else None,
+            on_deadline=deadline,
+        )
         self.children.append(view["childThreadId"])
+
+    def armed(self, s: Snapshot) -> list[Task]:
+        """Open tasks whose deadline has not fired yet."""
+        return [t for t in s.tasks.values() if t.deadline_at is not None and t.is_open and not t.overdue]
+
+    @precondition(lambda self: bool(self.armed(self.snap())))
+    @rule(n=pick)
+    def deadline_passes(self, n: int) -> None:
+        """The timer fires an armed deadline."""
+        self.fire_deadline(self.choose(self.armed(self.snap()), n))
+
+    @rule(n=pick)
+    def deadline_fires_again(self, n: int) -> None:
+        """The timer fires any deadline — again (a restart, a duplicate), or after the end."""
+        self.fire_deadline(self.choose([t for t in self.snap().tasks.values() if t.deadline_at], n))
+
+    def fire_deadline(self, task: Task | None) -> None:
+        if task is None:
+            return
+        [item] = [i for i in self.snap().items.values() if i.task_id == task.id]
+        fires = task.is_open and not task.overdue
+        dumped = self.world.dump()
+        self.world.commands.deadline_due(item.id)
+        if not fires:
+            assert self.world.dump() == dumped, "a deadline fires once, and only while its task is open"
+            return
+        after = self.world.task(task.id)
+        assert after.overdue
+        if task.on_deadline == "cancel":
+            assert after.status == TaskStatus.CANCELLED and after.cancel_reason == "deadline"
+        else:
+            assert after.is_open, "a wake deadline leaves the task open"
 
     @rule(n=pick, how=st.sampled_from(["reply", "reply", "none", "fail", "fail"]))
     def child_run_ends(self, n: int, how: str) -> None:
@@ -294,6 +335,7 @@ class Delegation(RuleBasedStateMachine):
         self.check_results(s)
         self.check_wakes(s)
         self.check_progress(s)
+        self.check_deadlines(s)
 
     def check_children(self, s: Snapshot) -> None:
         for child_id in self.children:
@@ -386,6 +428,30 @@ class Delegation(RuleBasedStateMachine):
                 assert task.delivered_as == ("follow-up" if task.follow_up_of else "result")
             else:
                 assert task.id not in listed
+
+    def check_deadlines(self, s: Snapshot) -> None:
+        """SPEC §11: one ``task_deadline`` notice and run per wake-mode task whose deadline
+        passed while it was open, none otherwise; a cancel-mode one is cancelled instead."""
+        notices: dict[str, list[Message]] = {}
+        for message in s.messages.values():
+            if (message.source or {}).get("kind") == Trigger.TASK_DEADLINE:
+                assert message.thread_id == self.parent_id
+                notices.setdefault(message.source["taskId"], []).append(message)
+                [run] = [r for r in s.runs.values() if message.id in r.trigger.get("messageIds", [])]
+                assert run.kind == Trigger.TASK_DEADLINE and run.trigger["taskId"] == message.source["taskId"]
+        for task in s.tasks.values():
+            found = notices.get(task.id, [])
+            assert task.overdue or not found
+            if task.overdue:
+                assert task.deadline_at is not None
+                if task.on_deadline == "wake":
+                    assert len(found) == 1, f"{task.id}: {len(found)} deadline notices"
+                else:
+                    assert not found and task.status == TaskStatus.CANCELLED
+                    assert task.cancel_reason == "deadline"
+            [item] = [i for i in s.items.values() if i.task_id == task.id]
+            if item.is_running and item.due_at is not None:  # armed: it has not fired yet
+                assert not task.overdue and item.due_at == task.deadline_at
 
     def check_progress(self, s: Snapshot) -> None:
         progress_replies = {r.reply for r in s.runs.values() if r.is_progress and r.reply is not None}
