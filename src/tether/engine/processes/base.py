@@ -107,19 +107,28 @@ class ProcessBackend(ABC):
         """Run a foreground command to its end: ``(output, exit code)``. On timeout its
         tree is killed and the exit code is None (the output is what it wrote so far)."""
         process = await self.open_shell(command, cwd)
+        stdout = process.stdout
+        assert stdout is not None  # open_shell pipes it
+        chunks: list[bytes] = []
+
+        async def read_to_end() -> None:
+            while chunk := await stdout.read(1 << 16):
+                chunks.append(chunk)
+            await process.wait()
+
+        code: int | None = None
         try:
             try:
-                out, _ = await asyncio.wait_for(process.communicate(), timeout_ms / 1000)
+                await asyncio.wait_for(read_to_end(), timeout_ms / 1000)
                 code = process.returncode
             except TimeoutError:
                 self.kill_tree(process.pid)
-                out, _ = await process.communicate()
-                code = None
+                await read_to_end()
         finally:
             if process.returncode is None:  # cancelled: the command must not outlive its run
                 self.kill_tree(process.pid)
                 await process.wait()
-        return out.decode("utf-8", "replace"), code
+        return b"".join(chunks).decode("utf-8", "replace"), code
 
 
 @dataclass
