@@ -182,10 +182,12 @@ async def test_timeout_kills_and_says_so(manager: tuple[ProcessManager, Reports]
 
 
 async def test_exit_status_is_recorded_durably(manager: tuple[ProcessManager, Reports]) -> None:
-    """In the item's ``exit`` file, whole (written atomically), also for a signal's end."""
+    """In the item's ``exit`` file, whole (written atomically), also for a signal's end;
+    the wrapper's pid is recorded as soon as it started."""
     processes, reports = manager
     command = item(ItemKind.COMMAND, "kill -9 $$")
     pid, _ = processes.spawn(command)
+    assert (processes.dir(command.id) / "pid").read_text() == f"{pid}\n"
     processes.watch(command, pid)
     await asyncio.wait_for(reports.ended.wait(), TIMEOUT)
     assert reports.ends == [(137, [], None)]

@@ -2,10 +2,10 @@
 
 Each command runs under a small wrapper, in its own process group, that writes the
 command's output to ``DATA/proc/ITEM/out`` and, when the command ends, its exit status to
-``exit`` (atomically); ``pid`` holds the wrapper's pid. Because those are files, tether
-learns how a command ended even if it ended while tether was down: on start it adopts
-live processes (checking when the pid started, so a reused pid is never mistaken for
-ours) and reads the exit files of the ones that finished.
+``exit`` (atomically); ``pid`` holds the wrapper's pid, written as soon as it started.
+Because those are files, tether learns how a command ended even if it ended while tether
+was down: on start it adopts live processes (checking when the pid started, so a reused
+pid is never mistaken for ours) and reads the exit files of the ones that finished.
 
 What differs per platform — how the wrapper is started, how a pid's start is told apart,
 how an exit is noticed, how a tree is killed, which shell runs a command — is a
@@ -28,6 +28,7 @@ from typing import Any
 
 from tether.domain.records import Item
 from tether.domain.types import ItemKind
+from tether.engine.processes.wrapper import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,9 @@ class ProcessBackend(ABC):
 
     @abstractmethod
     def spawn(self, directory: Path, command: str, cwd: Path) -> int:
-        """Start ``command`` under a wrapper that writes ``pid``, ``out`` and, at its end,
-        ``exit`` in ``directory``, and that outlives tether. Returns the wrapper's pid."""
+        """Start ``command`` under a wrapper that writes ``out`` and, at its end, ``exit``
+        in ``directory``, and that outlives tether. Returns the wrapper's pid (which the
+        manager records in ``pid``)."""
 
     @abstractmethod
     def identity(self, pid: int) -> str | None:
@@ -174,6 +176,8 @@ class ProcessManager:
         directory = self.dir(item.id)
         directory.mkdir(parents=True, exist_ok=True)
         pid = self.backend.spawn(directory, item.command or "", self.workspace)
+        # Recorded at once, whole: a restart that finds it knows the command was started.
+        write_atomic(str(directory / "pid"), str(pid))
         return pid, self.backend.identity(pid)
 
     def fate(self, item: Item) -> tuple[str, int | None]:

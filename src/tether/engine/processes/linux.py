@@ -16,10 +16,7 @@ from pathlib import Path
 
 from tether.engine.processes.base import DEVNULL, ProcessBackend
 
-_WRAPPER = (
-    'echo $$ > "$2/pid"; sh -c "$1" > "$2/out" 2>&1 < /dev/null; '
-    'echo $? > "$2/exit.tmp"; mv "$2/exit.tmp" "$2/exit"'
-)
+_WRAPPER = 'sh -c "$1" > "$2/out" 2>&1 < /dev/null; echo $? > "$2/exit.tmp"; mv "$2/exit.tmp" "$2/exit"'
 
 
 def pidfd_works() -> bool:

@@ -61,8 +61,6 @@ class PortableBackend(ProcessBackend):
             **DEVNULL,
             **self.group_options(),
         )
-        # Written by us, at once: a restart that finds it knows the command was started.
-        wrapper.write_atomic(str(directory / "pid"), str(process.pid))
         return process.pid
 
     def identity(self, pid: int) -> str | None:
