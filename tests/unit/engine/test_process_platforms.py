@@ -21,6 +21,7 @@ import pytest
 
 from tether import private
 from tether.engine.processes import LinuxBackend, PortableBackend, portable, wrapper
+from tether.probes import shell_commands
 
 TIMEOUT = 20.0
 
@@ -164,3 +165,18 @@ def test_posix_token_file_is_owner_only_even_if_it_existed(tmp_path: Path) -> No
     private.write_private(path, "tta_secret\n")
     assert path.stat().st_mode & 0o777 == 0o600
     assert path.read_text() == "tta_secret\n"
+
+
+# ---------------------------------------------------------------------------- the probes
+
+
+@pytest.mark.parametrize("platform", ["win32", "darwin"])
+async def test_probe_commands_run_in_the_platforms_shell(platform: str, tmp_path: Path) -> None:
+    """cmd.exe has no ``sleep``: on Windows the probes' commands go through Python, quoted
+    for cmd (double quotes outside, single inside — which ``sh`` reads alike, so they run
+    here); elsewhere they are SPEC §8's own."""
+    sleep_ok, lines = shell_commands(0.03, platform)
+    assert ("sleep 0.03;" in sleep_ok) == (platform != "win32")
+    backend = LinuxBackend()
+    assert await backend.run_shell(sleep_ok, str(tmp_path), 10_000) == ("OK\n", 0)
+    assert await backend.run_shell(lines, str(tmp_path), 10_000) == ("line1\nline2\nline3\n", 0)
