@@ -211,13 +211,8 @@ class ProcessManager:
         only the process's real end — or its real disappearance — is reported.
         """
         loop = asyncio.get_running_loop()
-        watch = _Watch(
-            item,
-            pid,
-            item.pid_start or self.backend.identity(pid),
-            item.offset,
-            loop.time() + item.timeout_ms / 1000 if item.timeout_ms else None,
-        )
+        deadline = loop.time() + item.timeout_ms / 1000 if item.timeout_ms else None
+        watch = _Watch(item, pid, item.pid_start, item.offset, deadline)
         delay = _RETRY_FIRST
         try:
             while True:
@@ -238,6 +233,8 @@ class ProcessManager:
 
     async def _follow(self, watch: _Watch) -> None:
         """Return when the process has ended, tailing a monitor's output meanwhile."""
+        if watch.stamp is None:  # just spawned: its start was not recorded on the item yet
+            watch.stamp = self.backend.identity(watch.pid)
         if not self.backend.running(watch.pid, watch.stamp):
             return
         loop = asyncio.get_running_loop()
@@ -251,15 +248,16 @@ class ProcessManager:
                     wait = left if wait is None else min(wait, left)
                 await asyncio.wait({exited}, timeout=wait)
                 if monitor:
-                    self._tail_lines(watch, final=False)
+                    self._tail_lines(watch)
                 if watch.deadline is not None and not exited.done() and loop.time() >= watch.deadline:
                     self.kill(watch.item.id, watch.pid, "timeout")
             exited.result()  # a failed exit watch raises here: looked at again, not an end
         finally:
             exited.cancel()
 
-    def _tail_lines(self, watch: _Watch, final: bool) -> None:
-        lines, offset = self._read_lines(watch.item.id, watch.offset, final)
+    def _tail_lines(self, watch: _Watch) -> None:
+        """Report a running monitor's complete new lines; the offset moves once reported."""
+        lines, offset = self._read_lines(watch.item.id, watch.offset, final=False)
         if lines:
             self._on_lines(watch.item.id, lines, offset)
         watch.offset = offset
