@@ -113,6 +113,16 @@ async def test_windows_kills_a_tree_through_psutil(monkeypatch: pytest.MonkeyPat
     assert killpg.calls == [], "no process groups on Windows"
 
 
+def test_windows_takes_only_the_exact_start_for_ours() -> None:
+    """Windows hands a freed pid out again at once: a process that started half a second
+    after ours is another one. (Linux allows a second: NTP can move psutil's boot time.)"""
+    assert windows().same_start("1700000000.500", "1700000000.500")
+    assert not windows().same_start("1700000000.500", "1700000000.000")
+    assert not macos().same_start("1700000000.500", "1700000000.000")
+    assert PortableBackend(platform="linux").same_start("1700000000.500", "1700000000.000")
+    assert not windows().same_start("1700000000.500", "123456"), "a Linux tick count is not comparable"
+
+
 def test_windows_reaps_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     waitpid = Captured()
     monkeypatch.setattr(os, "waitpid", waitpid)

@@ -32,10 +32,12 @@ from tether.engine.processes.base import DEVNULL, ProcessBackend
 
 #: How often an exit is looked for where no event source exists.
 POLL_INTERVAL = 0.1
-#: Two create times within this many seconds are one process's. psutil adds the boot
-#: time, taken from the wall clock, to a process's start on Linux, so the same process can
-#: read a second apart across an NTP step; a reused pid starts later than that.
-_SAME_START_S = 1.0
+#: Two create times within this many seconds are one process's. On Linux psutil adds the
+#: boot time, read from the wall clock, to a process's start, so one process can read a
+#: second apart across an NTP step (and Linux hands out pids in order: none comes round
+#: again within a second). macOS and Windows record the start itself; Windows reuses pids
+#: at once, so there only an exact match (to the millisecond) is ours.
+_LINUX_SAME_START_S, _SAME_START_S = 1.0, 0.001
 # Windows creation flags (named here: the subprocess constants exist only on Windows).
 CREATE_NEW_PROCESS_GROUP = 0x00000200
 CREATE_NO_WINDOW = 0x08000000
@@ -45,6 +47,7 @@ class PortableBackend(ProcessBackend):
     def __init__(self, name: str = "portable", platform: str = sys.platform) -> None:
         self.name = name
         self.windows = platform == "win32"
+        self._same_start_s = _LINUX_SAME_START_S if platform.startswith("linux") else _SAME_START_S
 
     def _interpreter(self) -> str:
         """On Windows a venv's python.exe is a launcher that starts the real interpreter as
@@ -76,7 +79,7 @@ class PortableBackend(ProcessBackend):
         """A stamp another backend recorded (e.g. Linux clock ticks) is not comparable and
         so never ours: a process is never adopted on a guess."""
         try:
-            return abs(float(found) - float(recorded)) < _SAME_START_S
+            return abs(float(found) - float(recorded)) < self._same_start_s
         except ValueError:
             return False
 
