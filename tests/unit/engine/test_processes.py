@@ -9,6 +9,7 @@ test decides when a process ends; nothing here sleeps to synchronise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -59,6 +60,11 @@ async def manager(tmp_path: Path, backend: ProcessBackend) -> AsyncIterator[tupl
     found = ProcessManager(tmp_path / "proc", workspace, reports.on_lines, reports.on_exit, backend)
     yield found, reports
     await found.close()
+    for pid_file in (tmp_path / "proc").glob("*/pid"):  # a failed test leaves no command running
+        with contextlib.suppress(psutil.NoSuchProcess):
+            wrapper = psutil.Process(int(pid_file.read_text()))
+            if str(pid_file.parent) in wrapper.cmdline():  # ours, not a reused pid
+                backend.kill_tree(wrapper.pid)
 
 
 def item(kind: ItemKind, command: str) -> Item:
