@@ -67,8 +67,14 @@ def serve(
     name: str | None = typer.Option(None, "--name", help="Human name of this environment."),
 ) -> None:
     """Serve one environment over HTTP (admin token in DATA/admin.token)."""
+    from tether.engine.processes import choose_backend
     from tether.server import serve as run
 
+    try:
+        choose_backend()  # a wrong TETHER_PROCESSES is said plainly, before anything starts
+    except ValueError as error:
+        err.print(f"[red]error[/red] {error}")
+        raise typer.Exit(2) from None
     asyncio.run(run(data, port, host, name))
 
 

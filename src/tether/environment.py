@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import time
 from datetime import UTC, datetime, timedelta
@@ -22,6 +21,7 @@ from tether.engine.runtime import Runtime
 from tether.errors import NotFound, Unauthorized
 from tether.ids import format_time, new_id, now
 from tether.peers import Peers
+from tether.private import write_private
 from tether.providers import Provider, load_providers
 from tether.store import open_store
 from tether.tools.surface import Tools
@@ -73,18 +73,21 @@ class Environment:
         self.tools.peers = self.peers
 
     def _admin_token(self) -> str:
-        """Written before the server listens, readable by its owner only."""
+        """Written before the server listens, readable by its owner only (every platform)."""
         path = self.data_dir / "admin.token"
         if path.exists():
             return path.read_text().strip()
         token = "tta_" + secrets.token_urlsafe(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(token + "\n")
+        write_private(path, token + "\n")
         return token
 
     def health(self) -> dict[str, Any]:
-        return {"environmentId": self.environment_id, "name": self.name, "version": __version__}
+        return {
+            "environmentId": self.environment_id,
+            "name": self.name,
+            "version": __version__,
+            "processes": self.runtime.processes.backend.name,
+        }
 
     async def start(self) -> None:
         await self.runtime.start()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -26,12 +25,17 @@ def free_port() -> int:
 
 
 class Server:
-    """One ``tether serve`` process. ``kill()`` is SIGKILL; ``start()`` again reuses the data."""
+    """One ``tether serve`` process. ``kill()`` is SIGKILL (TerminateProcess on Windows);
+    ``start()`` again reuses the data. ``env`` adds environment variables (e.g.
+    ``TETHER_PROCESSES``) to the server's."""
 
-    def __init__(self, data: Path, name: str, port: int | None = None) -> None:
+    def __init__(
+        self, data: Path, name: str, port: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.data = data
         self.name = name
         self.port = port or free_port()
+        self.env = env or {}
         self.process: subprocess.Popen[bytes] | None = None
         self.log = data.parent / f"{name}.log"
 
@@ -62,7 +66,7 @@ class Server:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -73,11 +77,12 @@ class Server:
                     return self
             except httpx.TransportError:
                 time.sleep(0.05)  # the process is still starting: nothing to await yet
+        self.kill()  # not left running behind a failed start
         raise RuntimeError(f"tether serve did not answer within {timeout}s: see {self.log}")
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
+            self.process.kill()
             self.process.wait()
 
     def stop(self) -> None:

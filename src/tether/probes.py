@@ -7,6 +7,7 @@ and so do the integration tests.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from tether.ids import millis_between
@@ -14,15 +15,29 @@ from tether.ids import millis_between
 _FINAL = [{"reply": "FINAL"}]
 
 
-def child_script(probe: int, seconds: float = 1.0) -> dict[str, Any]:
+def shell_commands(seconds: float, platform: str = sys.platform) -> tuple[str, str]:
+    """The probes' two commands, ``(sleep then OK, three lines)``, in the platform's
+    shell: SPEC §8's ``sleep N; echo OK`` on POSIX; on Windows, where cmd.exe has no
+    ``sleep``, the same through this Python (double quotes for cmd, single inside)."""
+    if platform != "win32":
+        return f"sleep {seconds}; echo OK", f"for i in 1 2 3; do sleep {seconds / 3:.2f}; echo line$i; done"
+    python = f'"{sys.executable}" -u -c'
+    return (
+        f"{python} \"import time; time.sleep({seconds}); print('OK')\"",
+        f"{python} \"import time; [(time.sleep({seconds / 3:.2f}), print('line' + str(i)))"
+        f' for i in (1, 2, 3)]"',
+    )
+
+
+def child_script(probe: int, seconds: float = 1.0, platform: str = sys.platform) -> dict[str, Any]:
     """The child of probe 1-6. ``seconds`` is how long its background work takes."""
-    lines = f"for i in 1 2 3; do sleep {seconds / 3:.2f}; echo line$i; done"
+    sleep_ok, lines = shell_commands(seconds, platform)
     rules: dict[int, list[dict[str, Any]]] = {
         1: [
             {
                 "on": "start",
                 "do": [
-                    {"bash": f"sleep {seconds}; echo OK", "background": True, "id": "b1"},
+                    {"bash": sleep_ok, "background": True, "id": "b1"},
                     {"reply": "WAITING"},
                 ],
             },
@@ -37,7 +52,7 @@ def child_script(probe: int, seconds: float = 1.0) -> dict[str, Any]:
             {
                 "on": "start",
                 "do": [
-                    {"bash": f"sleep {seconds}; echo OK", "background": True, "id": "b1", "await": True},
+                    {"bash": sleep_ok, "background": True, "id": "b1", "await": True},
                     {"reply": "WAITING"},
                 ],
             },

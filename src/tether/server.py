@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from pathlib import Path
@@ -23,7 +24,9 @@ async def serve(data: Path, port: int, host: str = "127.0.0.1", name: str | None
     server = uvicorn.Server(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        # Windows has no loop signal handlers; uvicorn's own Ctrl-C handling serves there.
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
     logging.getLogger("tether").info(
         "tether %s (%s) on http://%s:%d", env.name, env.environment_id, host, port
     )

@@ -3,8 +3,10 @@
 ``server`` is a fresh environment per test; ``module_server`` is shared by the tests of one
 module and ``shared_server`` by every test that only looks at threads it made itself (a
 server takes ~2 s to start on 2 cores, so most tests share one); ``server_factory``
-starts more than one. Every server is stopped at the end, and the
-background commands it left running (they outlive tether by design) are killed.
+starts more than one. ``backend_server`` is one per module and process backend
+(``process_backend``: SPEC §13, both backends on Linux) for the process-related tests.
+Every server is stopped at the end, and the background commands it left running (they
+outlive tether by design) are killed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from tether.launch import Server
 from .helpers import kill_group, leftover_wrappers
 
 ServerFactory = Callable[..., Server]
+
+#: The process backends (``TETHER_PROCESSES``) the process-related tests run on.
+PROCESS_BACKENDS = ("linux", "portable")
 
 
 def _shutdown(servers: list[Server]) -> None:
@@ -53,6 +58,21 @@ def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("env")
     server = Server(root / "module", "module").start()
     yield server
+    _shutdown([server])
+
+
+@pytest.fixture(scope="module", params=PROCESS_BACKENDS)
+def process_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def backend_server(tmp_path_factory: pytest.TempPathFactory, process_backend: str) -> Iterator[Server]:
+    """A server of this module on ``process_backend`` (tests that only look at threads they
+    made themselves share it, as they share ``shared_server``)."""
+    root = tmp_path_factory.mktemp(f"env-{process_backend}")
+    server = Server(root / process_backend, process_backend, env={"TETHER_PROCESSES": process_backend})
+    yield server.start()
     _shutdown([server])
 
 

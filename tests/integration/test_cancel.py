@@ -69,8 +69,8 @@ def assert_told_once(parent: dict[str, Any], task_id: str) -> None:
     assert "FINAL" not in wakes[0]["text"] and "WAITING" not in wakes[0]["text"]
 
 
-def test_cancel_task_waiting_on_a_command(shared_server: Server, tmp_path: Path) -> None:
-    with shared_server.client() as client:
+def test_cancel_task_waiting_on_a_command(backend_server: Server, tmp_path: Path) -> None:
+    with backend_server.client() as client:
         parent_id = new_thread(client, noting_parent(long_child(tmp_path / "started", busy=False)))
         wait_idle(client, parent_id)
         task = tasks_of(client, parent_id)[0]
@@ -78,7 +78,7 @@ def test_cancel_task_waiting_on_a_command(shared_server: Server, tmp_path: Path)
         wait_idle(client, child_id)
         assert tasks_of(client, parent_id)[0]["workState"] == "waiting_background"
         item = thread(client, child_id)["background"][0]
-        pid = wrapper_pid(shared_server, item["id"])
+        pid = wrapper_pid(backend_server, item["id"])
         assert is_alive(pid)
 
         answer = cancel(client, task["taskId"])
@@ -115,15 +115,15 @@ def test_cancel_task_waiting_on_a_command(shared_server: Server, tmp_path: Path)
         assert all("LATE" not in m["text"] for m in parent["messages"][1:]), "[0] is the script"
 
 
-def test_cancel_task_with_a_running_run(shared_server: Server, tmp_path: Path) -> None:
+def test_cancel_task_with_a_running_run(backend_server: Server, tmp_path: Path) -> None:
     """The child's run is interrupted by the cancel, and its commands are ended."""
-    with shared_server.client() as client:
+    with backend_server.client() as client:
         parent_id = new_thread(client, noting_parent(long_child(tmp_path / "started", busy=True)))
         wait_idle(client, parent_id)
         task = tasks_of(client, parent_id)[0]
         child_id = task["childThreadId"]
         await_threads(
-            shared_server,
+            backend_server,
             lambda: any(m["text"] == "STARTED" for m in thread(client, child_id)["messages"]),
             {child_id},
             what="the child busy in its first run",
@@ -148,7 +148,7 @@ def test_cancel_unknown_task(shared_server: Server) -> None:
         assert answer.json()["error"]["code"] == "not_found"
 
 
-def test_cancel_reaches_nested_tasks(shared_server: Server, tmp_path: Path) -> None:
+def test_cancel_reaches_nested_tasks(backend_server: Server, tmp_path: Path) -> None:
     """Cancelling a task cancels the tasks its child delegated, and ends their commands; only
     the top parent is told (the cancelled child is not woken for its own child)."""
     grandchild = long_child(tmp_path / "started", busy=False)
@@ -156,7 +156,7 @@ def test_cancel_reaches_nested_tasks(shared_server: Server, tmp_path: Path) -> N
         rule("start", {"delegate": {"task": grandchild, "id": "g"}}, reply("CHILD WAITING")),
         rule("delegated_task", reply("child got {{text}}"), repeat=True),
     )
-    with shared_server.client() as client:
+    with backend_server.client() as client:
         parent_id = new_thread(client, noting_parent(child))
         wait_idle(client, parent_id)
         task = tasks_of(client, parent_id)[0]
@@ -168,9 +168,9 @@ def test_cancel_reaches_nested_tasks(shared_server: Server, tmp_path: Path) -> N
             watched.update(t["childThreadId"] for t in nested)
             return nested[0] if nested and nested[0]["workState"] == "waiting_background" else None
 
-        nested = await_threads(shared_server, grandchild_waiting, watched, what="the grandchild waiting")
+        nested = await_threads(backend_server, grandchild_waiting, watched, what="the grandchild waiting")
         grandchild_id = nested["childThreadId"]
-        pid = wrapper_pid(shared_server, thread(client, grandchild_id)["background"][0]["id"])
+        pid = wrapper_pid(backend_server, thread(client, grandchild_id)["background"][0]["id"])
 
         assert cancel(client, task["taskId"])["status"] == "cancelled"
         nested_now = client.get(f"/api/tasks/{nested['taskId']}").json()

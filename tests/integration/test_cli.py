@@ -4,8 +4,10 @@ what the API says; ``tether demo --json`` prints one JSON array of probe rows.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from tether.launch import Server
@@ -23,13 +25,16 @@ from .helpers import (
 )
 
 
-def tether(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def tether(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tether", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -97,6 +102,13 @@ def test_cli_errors_are_clear(shared_server: Server) -> None:
     assert "404" in done.stderr and "thr_nope" in done.stderr
     done = tether("task", "list", "--json", "--url", shared_server.url, "--token", "wrong")
     assert done.returncode != 0 and "401" in done.stderr
+
+
+def test_serve_refuses_an_unknown_process_backend(tmp_path: Path) -> None:
+    done = tether("serve", "--data", str(tmp_path / "data"), env={"TETHER_PROCESSES": "kqueue"})
+    assert done.returncode == 2
+    assert "TETHER_PROCESSES='kqueue'" in done.stderr and "portable" in done.stderr
+    assert not (tmp_path / "data").exists(), "nothing was started or written"
 
 
 def test_demo_json() -> None:

@@ -1,8 +1,9 @@
 """The six probes of SPEC §8 with local children: FINAL reaches the parent exactly once.
 
-All six run at once in one server (module fixture); each test then checks one probe's
-record: how FINAL was delivered (result or follow-up), that it was delivered once, and
-that progress replies and interim replies are never answers (G1, G3, G4).
+All six run at once in one server (module fixture, once per process backend: SPEC §13);
+each test then checks one probe's record: how FINAL was delivered (result or follow-up),
+that it was delivered once, and that progress replies and interim replies are never
+answers (G1, G3, G4).
 """
 
 from __future__ import annotations
@@ -65,10 +66,16 @@ def drive(server: Server, probe: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def probes(shared_server: Server) -> dict[int, dict[str, Any]]:
+def probes(backend_server: Server) -> dict[int, dict[str, Any]]:
+    """The six probes, once per process backend (SPEC §13)."""
     with ThreadPoolExecutor(6) as pool:
-        futures = {probe: pool.submit(drive, shared_server, probe) for probe in range(1, 7)}
+        futures = {probe: pool.submit(drive, backend_server, probe) for probe in range(1, 7)}
         return {probe: future.result() for probe, future in futures.items()}
+
+
+def test_health_names_the_process_backend(backend_server: Server, process_backend: str) -> None:
+    with backend_server.client() as client:
+        assert client.get("/api/health").json()["processes"] == process_backend
 
 
 @pytest.mark.parametrize("probe", range(1, 7))
@@ -146,7 +153,7 @@ def test_probe_children_are_the_spec_scripts(probes: dict[int, dict[str, Any]]) 
         assert json.loads(first["text"]) == child_script(probe, SECONDS)
 
 
-def test_monitor_lines_fold_into_its_finished_run(shared_server: Server, tmp_path: Path) -> None:
+def test_monitor_lines_fold_into_its_finished_run(backend_server: Server, tmp_path: Path) -> None:
     """The monitor prints and ends while the child's first run is still busy."""
     done = tmp_path / "monitor.done"
     child = script(
@@ -162,7 +169,7 @@ def test_monitor_lines_fold_into_its_finished_run(shared_server: Server, tmp_pat
         rule("monitor_event", reply("PROGRESS"), repeat=True),
         rule("monitor_finished", reply("FINAL")),
     )
-    with shared_server.client() as client:
+    with backend_server.client() as client:
         parent_id = new_thread(client, noting_parent(child))
         settled_tree(client, parent_id)
         tasks = tasks_of(client, parent_id)

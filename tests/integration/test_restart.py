@@ -98,15 +98,16 @@ def await_child_waiting(server: Server, client: httpx.Client, parent_id: str, wh
 
 
 @pytest.fixture(scope="module")
-def restarted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    root = tmp_path_factory.mktemp("restart")
+def restarted(tmp_path_factory: pytest.TempPathFactory, process_backend: str) -> Iterator[dict[str, Any]]:
+    """Every scenario, once per process backend (SPEC §13: each adopts and reports alike)."""
+    root = tmp_path_factory.mktemp(f"restart-{process_backend}")
     flags = root / "flags"
     flags.mkdir()
     locks = {name: open(root / f"{name}.lock", "w") for name in ("alive", "ended", "call")}  # noqa: SIM115
     for handle in locks.values():
         fcntl.flock(handle, fcntl.LOCK_EX)
     set_subreaper(True)
-    server = Server(root / "env", "restart")
+    server = Server(root / "env", "restart", env={"TETHER_PROCESSES": process_backend})
     try:
         server.start()
         with server.client() as client:
@@ -295,8 +296,9 @@ def answer_once(record: dict[str, Any], name: str, text: str) -> None:
     assert wakes[0]["text"].count(text) == 1
 
 
-def test_same_environment_after_restart(restarted: dict[str, Any]) -> None:
+def test_same_environment_after_restart(restarted: dict[str, Any], process_backend: str) -> None:
     assert restarted["health"]["environmentId"] == restarted["environmentId"]
+    assert restarted["health"]["processes"] == process_backend
 
 
 def test_running_run_interrupted_and_command_adopted(restarted: dict[str, Any]) -> None:

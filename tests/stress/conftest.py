@@ -42,8 +42,8 @@ class Servers:
         self.root = root
         self.made: list[StressServer] = []
 
-    def __call__(self, name: str) -> StressServer:
-        server = StressServer(self.root / name, name)
+    def __call__(self, name: str, env: dict[str, str] | None = None) -> StressServer:
+        server = StressServer(self.root / name, name, env=env)
         self.made.append(server)
         return server
 

@@ -27,6 +27,8 @@ import time
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from .kit import (
     FULL,
     Pulse,
@@ -94,9 +96,12 @@ def parent_script(rng: Any, name: str, count: int) -> dict[str, Any]:
     ]}
 
 
-def test_chaos_kills_lose_and_duplicate_nothing(servers: Any, subreaper: Any) -> None:
+@pytest.mark.parametrize("process_backend", ["linux", "portable"])
+def test_chaos_kills_lose_and_duplicate_nothing(servers: Any, subreaper: Any, process_backend: str) -> None:
+    """Once per process backend (SPEC §13), both environments on it."""
     rng = rng_for("chaos")
-    origin, peer = servers("origin"), servers("peer")
+    backend = {"TETHER_PROCESSES": process_backend}
+    origin, peer = servers("origin", backend), servers("peer", backend)
     start_all([origin, peer])
     link(origin, peer)
     started = time.monotonic()

@@ -31,7 +31,7 @@ from tether.domain.records import Item, Message, Run, Thread
 from tether.domain.types import ItemKind, ItemStatus, RunStatus
 from tether.engine.commands import Commands
 from tether.engine.notify import Notifier
-from tether.engine.processes import ProcessManager
+from tether.engine.processes import ProcessManager, choose_backend
 from tether.errors import Conflict
 from tether.ids import format_time, parse_time
 from tether.store.base import OutboxRow, Store
@@ -73,7 +73,9 @@ class Runtime:
         self.commands = Commands(store, environment_id, providers, self._committed)
         self.workspace = data_dir / "workspace"
         self.workspace.mkdir(parents=True, exist_ok=True)
-        self.processes = ProcessManager(data_dir / "proc", self.workspace, self._lines, self._exited)
+        self.processes = ProcessManager(
+            data_dir / "proc", self.workspace, self._lines, self._exited, choose_backend()
+        )
         self.handlers: dict[str, OutboxHandler] = {
             "run.execute": self._execute,
             "run.stop": self._stop_run,

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tether.private import write_private
 from tether.providers.base import Turn
 from tether.types import Caller
 
@@ -615,7 +616,5 @@ class ClaudeProvider:
                 }
             }
         }
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(body, handle)
+        write_private(path, json.dumps(body))
         return str(path)

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -187,7 +186,7 @@ class CodexProvider:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
-            start_new_session=True,
+            **turn.runtime.processes.backend.group_options(),
             limit=16 * 1024 * 1024,
         )
         events = CodexEvents()
@@ -217,8 +216,7 @@ class CodexProvider:
             await drain
         finally:
             if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
+                turn.runtime.processes.backend.kill_tree(process.pid)
                 with contextlib.suppress(Exception):
                     await asyncio.shield(process.wait())
             drain.cancel()

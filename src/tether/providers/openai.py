@@ -31,18 +31,16 @@ Config (``[providers.openai]`` of ``DATA/config.toml``)::
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import importlib.util
 import inspect
 import json
 import os
-import signal
 from functools import cache
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError, create_model
 
+from tether.engine.processes import ProcessBackend
 from tether.errors import TetherError
 from tether.providers.base import Turn
 from tether.tools.surface import Tools
@@ -62,7 +60,7 @@ BASH_DESCRIPTION = (
     "open until then)."
 )
 BASH_PARAMETERS = {
-    "command": "The shell command (/bin/sh -c, in the workspace).",
+    "command": "The shell command, in the workspace (/bin/sh -c; cmd.exe /c on Windows).",
     "background": "Run it in the background; its end wakes you.",
     "timeoutMs": "Foreground: kill it after this many milliseconds. Background: its time limit.",
 }
@@ -277,45 +275,15 @@ class OpenAIProvider:
             item = turn.tools.start_background(turn.caller, command, timeout_ms=timeoutMs)
             return {**item, "note": "running in the background; its end wakes you with a new turn"}
         timeout_ms = timeoutMs or int(self.config.get("foreground_timeout_ms", 600_000))
-        return await run_foreground(command, str(turn.workspace), timeout_ms)
+        return await run_foreground(turn.runtime.processes.backend, command, str(turn.workspace), timeout_ms)
 
 
-async def run_foreground(command: str, cwd: str, timeout_ms: int) -> dict[str, Any]:
+async def run_foreground(backend: ProcessBackend, command: str, cwd: str, timeout_ms: int) -> dict[str, Any]:
     """Run ``command`` to its end (or its timeout): ``{output, exitCode, timedOut}``."""
-    process = await asyncio.create_subprocess_exec(
-        "/bin/sh",
-        "-c",
-        command,
-        cwd=cwd,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
-    timed_out = False
-    try:
-        out, _ = await asyncio.wait_for(process.communicate(), timeout_ms / 1000)
-    except TimeoutError:
-        timed_out = True
-        _kill_group(process.pid)
-        out, _ = await process.communicate()
-    except asyncio.CancelledError:
-        _kill_group(process.pid)
-        await process.wait()
-        raise
-    output = out.decode("utf-8", "replace")
+    output, code = await backend.run_shell(command, cwd, timeout_ms)
     if len(output) > MAX_OUTPUT:
         output = f"[... {len(output) - MAX_OUTPUT} characters cut ...]\n" + output[-MAX_OUTPUT:]
-    return {
-        "output": output,
-        "exitCode": None if timed_out else process.returncode,
-        "timedOut": timed_out,
-    }
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+    return {"output": output, "exitCode": code, "timedOut": code is None}
 
 
 def _user_messages(turn: Turn) -> list[dict[str, Any]]:

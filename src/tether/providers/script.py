@@ -9,11 +9,8 @@ starts: it is saved before the first action runs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
-import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,24 +264,6 @@ def _remember(context: _Context, view: dict[str, Any], ref: str | None) -> None:
 async def _run_foreground(command: str, turn: Turn, timeout_ms: int) -> tuple[str, int]:
     """Run a foreground command; on timeout it is killed and reports exit code 124, as
     ``timeout(1)`` does, so a script can react instead of failing its run."""
-    process = await asyncio.create_subprocess_exec(
-        "/bin/sh",
-        "-c",
-        command,
-        cwd=turn.workspace,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        out, _ = await asyncio.wait_for(process.communicate(), timeout_ms / 1000)
-        code = process.returncode or 0
-    except TimeoutError:
-        out, code = b"(timed out)", 124
-    finally:
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-    return out.decode("utf-8", "replace").rstrip("\n"), code
+    backend = turn.runtime.processes.backend
+    output, code = await backend.run_shell(command, str(turn.workspace), timeout_ms)
+    return ("(timed out)", 124) if code is None else (output.rstrip("\n"), code)

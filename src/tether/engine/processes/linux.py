@@ -1,0 +1,71 @@
+"""The Linux backend: a POSIX ``sh`` wrapper, exits seen through a pidfd, /proc start times.
+
+Exits are events (a pidfd turns readable when its process ends): no polling. A pid's
+start is field 22 of ``/proc/PID/stat``, in clock ticks since boot, which no clock change
+moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from tether.engine.processes.base import DEVNULL, ProcessBackend
+
+_WRAPPER = 'sh -c "$1" > "$2/out" 2>&1 < /dev/null; echo $? > "$2/exit.tmp"; mv "$2/exit.tmp" "$2/exit"'
+
+
+def pidfd_works() -> bool:
+    """This kernel has pidfd_open (Linux 5.3+)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+class LinuxBackend(ProcessBackend):
+    name = "linux"
+
+    def spawn(self, directory: Path, command: str, cwd: Path) -> int:
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", _WRAPPER, "tether-wrap", command, str(directory)],
+            cwd=cwd,
+            **DEVNULL,
+            **self.group_options(),
+        )
+        return process.pid
+
+    def identity(self, pid: int) -> str | None:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat.rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else fields[19]
+
+    async def wait_exit(self, pid: int, stamp: str | None) -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        if not self.running(pid, stamp):  # the pid was reused before the pidfd was opened
+            os.close(fd)
+            return
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+        try:
+            await ended
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+    def kill_tree(self, pid: int) -> None:
+        """The wrapper leads its own process group: SIGKILL the group."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,251 @@
+"""The process backends (SPEC §13) with real processes, and the rule that a failing watcher
+never ends an item as if its process had ended (issue #9): the process is looked at
+again, and only its real end — or its real disappearance — is reported, once.
+
+Commands are steered with a flag file: a command waits until the test creates it, so the
+test decides when a process ends; nothing here sleeps to synchronise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tether.domain.records import Item
+from tether.domain.types import ItemKind
+from tether.engine.processes import ProcessBackend, ProcessManager, choose_backend
+from tether.ids import now
+
+TIMEOUT = 20.0
+
+
+@dataclass
+class Reports:
+    """What the manager reported, with an event per kind of report."""
+
+    lines: list[str] = field(default_factory=list)
+    ends: list[tuple[int | None, list[str], str | None]] = field(default_factory=list)
+    got_lines: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def on_lines(self, item_id: str, lines: list[str], offset: int) -> None:
+        self.lines += lines
+        self.got_lines.set()
+
+    def on_exit(
+        self, item_id: str, code: int | None, lines: list[str], offset: int, reason: str | None, tail: str
+    ) -> None:
+        self.ends.append((code, lines, reason))
+        self.ended.set()
+
+
+@pytest.fixture(params=["linux", "portable"])
+def backend(request: pytest.FixtureRequest) -> ProcessBackend:
+    return choose_backend(request.param)
+
+
+@pytest.fixture
+async def manager(tmp_path: Path, backend: ProcessBackend) -> AsyncIterator[tuple[ProcessManager, Reports]]:
+    reports = Reports()
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    found = ProcessManager(tmp_path / "proc", workspace, reports.on_lines, reports.on_exit, backend)
+    yield found, reports
+    await found.close()
+    for pid_file in (tmp_path / "proc").glob("*/pid"):  # a failed test leaves no command running
+        with contextlib.suppress(psutil.NoSuchProcess):
+            wrapper = psutil.Process(int(pid_file.read_text()))
+            if str(pid_file.parent) in wrapper.cmdline():  # ours, not a reused pid
+                backend.kill_tree(wrapper.pid)
+
+
+def item(kind: ItemKind, command: str) -> Item:
+    return Item(id="itm_1", thread_id="thr_1", kind=kind, started_at=now(), command=command)
+
+
+def until(flag: Path, then: str) -> str:
+    return f"until [ -e {flag} ]; do sleep 0.01; done; {then}"
+
+
+class Injected:
+    """Wraps ``real`` so that its first ``times`` calls raise (an injected watcher failure);
+    ``reached(n)`` waits until it has been called ``n`` times."""
+
+    def __init__(self, times: int, real: Callable[..., Any]) -> None:
+        self.times, self.real = times, real
+        self.calls: list[str] = []
+        self._called = asyncio.Event()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("fail" if len(self.calls) < self.times else "real")
+        self._called.set()
+        if self.calls[-1] == "fail":
+            raise OSError("injected watcher failure")
+        return self.real(*args, **kwargs)
+
+    async def reached(self, count: int) -> None:
+        async with asyncio.timeout(TIMEOUT):
+            while len(self.calls) < count:
+                self._called.clear()
+                await self._called.wait()
+
+
+async def test_failed_exit_watch_does_not_end_a_running_item(
+    manager: tuple[ProcessManager, Reports], backend: ProcessBackend, tmp_path: Path, monkeypatch: Any
+) -> None:
+    processes, reports = manager
+    injected = Injected(3, backend.wait_exit)
+    monkeypatch.setattr(backend, "wait_exit", injected)
+    flag = tmp_path / "go"
+    command = item(ItemKind.COMMAND, until(flag, "echo done; exit 3"))
+    pid, stamp = processes.spawn(command)
+    processes.watch(command, pid)
+
+    await injected.reached(4)  # three failures, then watching again
+    assert reports.ends == [], "a failed exit watch ended the item while its process runs"
+    assert backend.running(pid, stamp)
+
+    flag.touch()
+    await asyncio.wait_for(reports.ended.wait(), TIMEOUT)
+    await processes.close()
+    assert reports.ends == [(3, [], None)]
+    assert injected.calls == ["fail", "fail", "fail", "real"]
+
+
+async def test_failed_tailing_does_not_end_a_running_monitor(
+    manager: tuple[ProcessManager, Reports], tmp_path: Path, monkeypatch: Any
+) -> None:
+    processes, reports = manager
+    injected = Injected(3, processes._read_lines)
+    monkeypatch.setattr(processes, "_read_lines", injected)
+    flag = tmp_path / "go"
+    monitor = item(ItemKind.MONITOR, "echo one; " + until(flag, "echo two"))
+    pid, _ = processes.spawn(monitor)
+    processes.watch(monitor, pid)
+
+    await asyncio.wait_for(reports.got_lines.wait(), TIMEOUT)
+    assert injected.calls[:3] == ["fail"] * 3 and reports.lines == ["one"]
+    assert reports.ends == [], "a failed tail ended the monitor while its process runs"
+
+    flag.touch()
+    await asyncio.wait_for(reports.ended.wait(), TIMEOUT)
+    await processes.close()
+    [(code, last_lines, reason)] = reports.ends  # the real end, once
+    assert (code, reason) == (0, None)
+    assert reports.lines + last_lines == ["one", "two"], "no line lost or read twice"
+
+
+async def test_a_process_gone_while_its_watcher_fails_is_reported_once(
+    manager: tuple[ProcessManager, Reports], backend: ProcessBackend, monkeypatch: Any
+) -> None:
+    """Its real disappearance: killed from outside (no exit status) while every exit watch
+    fails, it is still found gone, and reported once."""
+    processes, reports = manager
+    injected = Injected(10**6, backend.wait_exit)
+    monkeypatch.setattr(backend, "wait_exit", injected)
+    command = item(ItemKind.COMMAND, "sleep 600")
+    pid, _ = processes.spawn(command)
+    processes.watch(command, pid)
+    await injected.reached(2)
+    assert reports.ends == []
+
+    backend.kill_tree(pid)
+    await asyncio.wait_for(reports.ended.wait(), TIMEOUT)
+    await processes.close()
+    assert reports.ends == [(None, [], None)]
+
+
+async def test_a_failing_report_is_retried_not_dropped(
+    manager: tuple[ProcessManager, Reports], monkeypatch: Any
+) -> None:
+    """The report itself failing (the store busy, say) is retried until it goes through."""
+    processes, reports = manager
+    injected = Injected(2, reports.on_exit)
+    monkeypatch.setattr(processes, "_on_exit", injected)
+    command = item(ItemKind.COMMAND, "exit 5")
+    pid, _ = processes.spawn(command)
+    processes.watch(command, pid)
+    await asyncio.wait_for(reports.ended.wait(), TIMEOUT)
+    assert injected.calls == ["fail", "fail", "real"] and reports.ends == [(5, [], None)]
+
+
+async def test_timeout_kills_and_says_so(manager: tuple[ProcessManager, Reports]) -> None:
+    processes, reports = manager
+    command = item(ItemKind.COMMAND, "sleep 600")
+    command.timeout_ms = 200
+    pid, _ = processes.spawn(command)
+    processes.watch(command, pid)
+    await asyncio.wait_for(reports.ended.wait(), TIMEOUT)
+    assert reports.ends == [(None, [], "timeout")]
+
+
+async def test_exit_status_is_recorded_durably(manager: tuple[ProcessManager, Reports]) -> None:
+    """In the item's ``exit`` file, whole (written atomically), also for a signal's end;
+    the wrapper's pid is recorded as soon as it started."""
+    processes, reports = manager
+    command = item(ItemKind.COMMAND, "kill -9 $$")
+    pid, _ = processes.spawn(command)
+    assert (processes.dir(command.id) / "pid").read_text() == f"{pid}\n"
+    processes.watch(command, pid)
+    await asyncio.wait_for(reports.ended.wait(), TIMEOUT)
+    assert reports.ends == [(137, [], None)]
+    assert (processes.dir(command.id) / "exit").read_text() == "137\n"
+    assert not (processes.dir(command.id) / "exit.tmp").exists()
+
+
+async def test_fate_tells_a_reused_pid_from_ours(
+    manager: tuple[ProcessManager, Reports], tmp_path: Path
+) -> None:
+    """After a restart: alive only if the pid still is the process that started then."""
+    processes, _ = manager
+    flag = tmp_path / "go"
+    command = item(ItemKind.COMMAND, until(flag, "exit 4"))
+    command.pid, command.pid_start = processes.spawn(command)
+    assert processes.fate(command) == ("alive", command.pid)
+
+    impostor = item(ItemKind.COMMAND, "")
+    impostor.pid, impostor.pid_start = command.pid, "12345"  # the same pid, another start
+    assert processes.fate(impostor) == ("lost", None)
+
+    flag.touch()
+    psutil.Process(command.pid).wait(TIMEOUT)
+    assert processes.fate(command) == ("exited", 4)
+
+
+def test_a_zombie_is_not_running(backend: ProcessBackend) -> None:
+    """Dead but not reaped: it will never write its exit status, so it is not ours to wait on."""
+    child = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, still unreaped
+    try:
+        assert backend.identity(child.pid) is None
+    finally:
+        child.wait()
+
+
+async def test_foreground_shell_reports_output_and_timeout(backend: ProcessBackend, tmp_path: Path) -> None:
+    assert await backend.run_shell("echo hi; echo err >&2; exit 2", str(tmp_path), 10_000) == ("hi\nerr\n", 2)
+    output, code = await backend.run_shell("echo partial; sleep 600", str(tmp_path), 300)
+    assert (output, code) == ("partial\n", None)
+
+
+def test_backend_names_per_platform(monkeypatch: Any) -> None:
+    monkeypatch.delenv("TETHER_PROCESSES", raising=False)
+    assert choose_backend(platform="linux").name == "linux"
+    assert choose_backend(platform="darwin").name == "macos"
+    assert choose_backend(platform="win32").name == "windows"
+    assert choose_backend(platform="freebsd14").name == "portable"
+    monkeypatch.setenv("TETHER_PROCESSES", "portable")
+    assert choose_backend(platform="linux").name == "portable"
+    with pytest.raises(ValueError, match="needs Linux"):
+        choose_backend("linux", platform="darwin")
+    with pytest.raises(ValueError, match="expected"):
+        choose_backend("kqueue")
