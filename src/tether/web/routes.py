@@ -347,6 +347,44 @@ async def remote_thread_page(request: Request, environment_id: str, thread_id: s
     )
 
 
+def _monitor_answer(request: Request, view: dict[str, Any], item_id: str, back: str) -> HTMLResponse:
+    entry = model.monitor_page(view, item_id)
+    if entry is None:
+        text = f"no monitor output {item_id!r} here"
+        return _page(request, "message.html", "Not found", status=404, text=text)
+    title = view.get("title") or "untitled"
+    return _page(
+        request, "monitor_page.html", f"Monitor of {title}", entry=entry, back=back, thread_title=title
+    )
+
+
+@router.get("/threads/{thread_id}/monitors/{item_id}", response_class=HTMLResponse)
+async def monitor_page(request: Request, thread_id: str, item_id: str) -> Response:
+    """Every line a monitor printed and every progress reply it drew (the thread page
+    shows only the latest ones)."""
+    if not signed_in(request):
+        return _to_signin(request)
+    try:
+        view = environment(request).queries.thread(ADMIN, thread_id)
+    except NotFound as error:
+        return _page(request, "message.html", "Not found", status=404, text=error.message)
+    return _monitor_answer(request, view, item_id, f"/threads/{thread_id}")
+
+
+@router.get("/env/{environment_id}/threads/{thread_id}/monitors/{item_id}", response_class=HTMLResponse)
+async def remote_monitor_page(
+    request: Request, environment_id: str, thread_id: str, item_id: str
+) -> Response:
+    if not signed_in(request):
+        return _to_signin(request)
+    try:
+        view = await remote.thread(remote.peer(environment(request), environment_id), thread_id)
+    except TetherError as error:
+        status = error.status if error.status < 500 else 502
+        return _page(request, "message.html", "Not reachable", status=status, text=error.message)
+    return _monitor_answer(request, view, item_id, f"/env/{environment_id}/threads/{thread_id}")
+
+
 # ---------------------------------------------------------------------- environments
 
 

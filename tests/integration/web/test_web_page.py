@@ -8,90 +8,27 @@ nothing missed and nothing doubled. Screenshots of the main views go to docs/scr
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from webkit import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     await_view,
-    chromium_or_skip,
     health,
-    link,
     new_thread,
     screenshot,
-    sign_in,
     thread,
     unique_ids,
     wait_settled,
+)
+from webkit import (
+    expect as webkit_expect,
 )
 
 from tether.launch import Server
 from tether.probes import child_script
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-WAIT_MS = 60_000
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
-    root: Path = tmp_path_factory.mktemp("web")
-    alpha, beta = Server(root / "alpha", "alpha"), Server(root / "beta", "beta")
-    with ThreadPoolExecutor(2) as pool:
-        for future in [pool.submit(alpha.start), pool.submit(beta.start)]:
-            future.result()
-    try:
-        link(alpha, beta)
-        yield {"alpha": alpha, "beta": beta}
-    finally:
-        for server in (alpha, beta):
-            server.stop()
-        for server in (alpha, beta):
-            for pid_file in (server.data / "proc").glob("*/pid"):
-                try:
-                    import os
-                    import signal
-
-                    os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    chromium_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        found = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield found
-        finally:
-            found.close()
-
-
-@pytest.fixture
-def page(browser: Any, pair: dict[str, Server]) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1200, "height": 860})
-    context.set_default_timeout(WAIT_MS)
-    found = context.new_page()
-    errors: list[str] = []
-    found.on("pageerror", lambda error: errors.append(str(error)))
-    sign_in(found, pair["alpha"])
-    yield found
-    context.close()
-    assert errors == [], errors
-
-
-def _expect() -> Any:
-    from playwright.sync_api import expect
-
-    expect.set_options(timeout=WAIT_MS)
-    return expect
 
 
 # ---------------------------------------------------------------------- access (no browser)
@@ -159,7 +96,7 @@ _WATCH = """([headId, ledgerId]) => {
 
 
 def test_remote_probe_1_seen_live(page: Any, pair: dict[str, Server]) -> None:
-    expect = _expect()
+    expect = webkit_expect()
     alpha, beta = pair["alpha"], pair["beta"]
     beta_id = health(beta)["environmentId"]
     parent = new_thread(alpha, _probe_1_parent("beta", 3.0), "probe 1 (remote child)")
@@ -221,7 +158,7 @@ def test_remote_probe_1_seen_live(page: Any, pair: dict[str, Server]) -> None:
 
 
 def test_cancel_a_task_from_the_page(page: Any, pair: dict[str, Server]) -> None:
-    expect = _expect()
+    expect = webkit_expect()
     alpha = pair["alpha"]
     child = {
         "tether_script": 1,
@@ -271,7 +208,7 @@ def test_cancel_a_task_from_the_page(page: Any, pair: dict[str, Server]) -> None
 
 
 def test_send_and_stop_say_what_they_stopped(page: Any, pair: dict[str, Server]) -> None:
-    expect = _expect()
+    expect = webkit_expect()
     alpha = pair["alpha"]
     script = {
         "tether_script": 1,
@@ -308,7 +245,7 @@ def test_send_and_stop_say_what_they_stopped(page: Any, pair: dict[str, Server])
 
 
 def test_drop_and_restore_misses_and_doubles_nothing(page: Any, pair: dict[str, Server]) -> None:
-    expect = _expect()
+    expect = webkit_expect()
     alpha = pair["alpha"]
     lines = "for i in 1 2 3 4 5; do sleep 0.3; echo line$i; done"
     script = {
@@ -327,17 +264,24 @@ def test_drop_and_restore_misses_and_doubles_nothing(page: Any, pair: dict[str, 
     page.evaluate("window.tetherLive.drop()")
     expect(status).to_have_attribute("data-state", "reconnecting")
     expect(status).to_have_text("disconnected")
-    seen_while_down = page.locator(f"#timeline-{thread_id} > li.run").count()
+    seen_while_down = page.locator(f"#timeline-{thread_id}").inner_text()
     wait_settled(alpha, thread_id)
     view = thread(alpha, thread_id)
-    assert len(view["runs"]) > seen_while_down  # the page really missed rows while down
+    answers = [r for r in view["runs"] if r["trigger"]["kind"] != "monitor_event"]
+    progress = [r for r in view["runs"] if r["trigger"]["kind"] == "monitor_event"]
+    assert progress and "printed 5 lines" not in seen_while_down  # the page missed lines while down
     page.evaluate("window.tetherLive.restore()")
     expect(status).to_have_attribute("data-state", "live")
     runs = page.locator(f"#timeline-{thread_id} > li.run")
-    expect(runs).to_have_count(len(view["runs"]))
+    expect(runs).to_have_count(len(answers))
     expect(page.locator(f"#head-{thread_id}")).to_have_class(re.compile(r"\batt-settled\b"))
-    ids = [f"run-{r['runId']}" for r in view["runs"]]
+    ids = [f"run-{r['runId']}" for r in answers]
     assert [runs.nth(n).get_attribute("id") for n in range(len(ids))] == ids
+    # the progress runs are one group, with every line
+    group = page.locator(f"#timeline-{thread_id} > li.monitor-group")
+    expect(group).to_have_count(1)
+    expect(group).to_contain_text("printed 5 lines")
+    expect(group).to_contain_text(f"{len(progress)} progress run")
     stale = page.locator(f"#timeline-{thread_id} li.st-running, #timeline-{thread_id} li.st-queued")
     assert stale.count() == 0
     expect(page.locator(f"#timeline-{thread_id}")).to_contain_text("DONE")
@@ -346,12 +290,13 @@ def test_drop_and_restore_misses_and_doubles_nothing(page: Any, pair: dict[str, 
     page.evaluate("window.tetherLive.restore(0)")
     expect(status).to_have_attribute("data-state", "live")
     page.wait_for_function(f"Number(window.tetherLive.cursor) >= {reached}")
-    expect(runs).to_have_count(len(view["runs"]))
+    expect(runs).to_have_count(len(answers))
+    expect(group).to_have_count(1)
     assert unique_ids(page) == []
 
 
 def test_environments_page(page: Any, pair: dict[str, Server]) -> None:
-    expect = _expect()
+    expect = webkit_expect()
     alpha, beta = pair["alpha"], pair["beta"]
     beta_id = health(beta)["environmentId"]
     page.goto(alpha.url + "/environments")

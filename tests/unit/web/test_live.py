@@ -109,7 +109,11 @@ class Page:
             if "v" in fragment and self.version.get(key, -1) > fragment["v"]:
                 continue  # an older state never replaces a newer one
             self.version[key] = fragment.get("v", -1)
-            if key in self.html and (container is None or self.where[key] == container):
+            in_place = key in self.html and (
+                container is None
+                or (self.where[key] == container and (fragment["order"], key) in self.children[container])
+            )
+            if in_place:
                 self.html[key] = fragment["html"]
                 continue
             if container not in self.children:

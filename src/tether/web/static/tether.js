@@ -63,11 +63,18 @@
         node.dataset.v = String(fragment.v);
       }
       const container = fragment.container ? document.getElementById(fragment.container) : null;
-      if (old && (!fragment.container || old.parentElement === container)) {
+      const inPlace = old && (!fragment.container ||
+        (old.parentElement === container && old.dataset.order === node.dataset.order));
+      if (inPlace) {
         keepOpen(old, node);
         old.replaceWith(node);
       } else if (container) {
-        if (old) old.remove();
+        // New, or moved: to another container, or to another place in its own (a
+        // monitor's group follows its latest line).
+        if (old) {
+          keepOpen(old, node);
+          old.remove();
+        }
         insertSorted(container, node);
       } else if (old && !container) {
         old.replaceWith(node);

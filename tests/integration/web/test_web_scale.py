@@ -1,0 +1,148 @@
+"""The web page at real scale (issue 14), in Debian's headless Chromium against the two
+linked servers of ``conftest.py``: a persistent monitor that printed 300 lines (one thread),
+and a fleet of dozens of threads across both environments — children that answer, fail
+with a reason, or answer late as a follow-up.
+
+Waits are on DOM states and on the servers' own ``/wait`` endpoints and event feeds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from webkit import await_view, expect, new_thread, screenshot, thread, unique_ids, wait_settled
+
+from tether.launch import Server
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+LINES = 300
+#: The bound the issue sets: a thread page after 300 monitor events.
+PAGE_BYTES = 150_000
+RENDER_MS = 1000
+
+
+def _monitor_script() -> dict[str, Any]:
+    """A persistent monitor printing ``LINES`` lines, each drawing a progress run."""
+    command = f'for i in $(seq {LINES}); do echo "line $i of the build log"; sleep 0.02; done; sleep 1'
+    return {
+        "tether_script": 1,
+        "rules": [
+            {
+                "on": "start",
+                "do": [{"monitor": command, "persistent": True, "id": "m"}, {"reply": "WATCHING"}],
+            },
+            {"on": "monitor_event", "repeat": True, "do": [{"reply": "still building"}]},
+            {"on": "monitor_finished", "do": [{"reply": "BUILD DONE"}]},
+        ],
+    }
+
+
+def _answer(text: str) -> dict[str, Any]:
+    return {"tether_script": 1, "rules": [{"on": "start", "do": [{"reply": text}]}]}
+
+
+def _failing(reason: str) -> dict[str, Any]:
+    return {"tether_script": 1, "rules": [{"on": "start", "do": [{"fail": reason}]}]}
+
+
+def _late(seconds: float) -> dict[str, Any]:
+    """Probe 1's child: WAITING now, FINAL (as a follow-up) once its command ended."""
+    return {
+        "tether_script": 1,
+        "rules": [
+            {
+                "on": "start",
+                "do": [{"bash": f"sleep {seconds}; echo OK", "background": True}, {"reply": "WAITING"}],
+            },
+            {"on": "background_command", "do": [{"reply": "FINAL: all 212 tests passed"}]},
+        ],
+    }
+
+
+def _fleet_script(per_environment: int) -> dict[str, Any]:
+    """A parent delegating ``per_environment`` tasks here and as many to beta: answers, one
+    failure with a reason, and one late answer each."""
+    delegates = []
+    for where in ("alpha", "beta"):
+        for n in range(per_environment):
+            if n == 0:
+                task, title = _failing("ruff found 3 errors"), f"lint on {where}"
+            elif n == 1:
+                task, title = _late(1.0), f"test suite on {where}"
+            else:
+                task, title = _answer(f"part {n} done"), f"part {n} on {where}"
+            delegates.append({"delegate": {"task": task, "title": title, "environment": where}})
+    return {
+        "tether_script": 1,
+        "rules": [
+            {"on": "start", "do": [*delegates, {"reply": "delegated"}]},
+            {"on": "delegated_task", "repeat": True, "do": [{"reply": "noted"}]},
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def scale(pair: dict[str, Server]) -> Iterator[dict[str, str]]:
+    alpha = pair["alpha"]
+    monitor = new_thread(alpha, _monitor_script(), "nightly build (monitor)")
+    fleet = new_thread(alpha, _fleet_script(12), "release fleet")
+    solo = [new_thread(alpha, _answer(f"note {n}"), f"scratch note {n}") for n in range(4)]
+    for thread_id in (monitor, fleet, *solo):
+        wait_settled(alpha, thread_id, timeout=120)
+    # a persistent monitor is not held: its thread settles while it still prints
+    await_view(alpha, monitor, _monitor_ended, "the monitor's end", timeout=120)
+    yield {"monitor": monitor, "fleet": fleet}
+
+
+def _monitor_ended(view: dict[str, Any]) -> bool:
+    return view["attention"] == "settled" and all(i["status"] != "running" for i in view["background"])
+
+
+def _monitor_lines(view: dict[str, Any]) -> int:
+    return sum(
+        len((m["text"] or "").splitlines())
+        for m in view["messages"]
+        if (m.get("source") or {}).get("kind") == "monitor_event"
+    )
+
+
+def test_a_busy_monitor_is_one_small_group(page: Any, pair: dict[str, Server], scale: dict[str, str]) -> None:
+    alpha, thread_id = pair["alpha"], scale["monitor"]
+    view = thread(alpha, thread_id)
+    progress = [r for r in view["runs"] if r["trigger"]["kind"] == "monitor_event"]
+    lines = _monitor_lines(view)
+    assert lines == LINES, lines
+    assert len(progress) >= 30, len(progress)  # many progress runs, not one folded run
+    body = httpx.get(f"{alpha.url}/threads/{thread_id}", cookies={"tether_token": alpha.token}, timeout=10)
+    assert body.status_code == 200
+    assert len(body.content) < PAGE_BYTES, len(body.content)
+
+    page.goto(f"{alpha.url}/threads/{thread_id}")
+    rendered = page.evaluate(
+        "() => { const n = performance.getEntriesByType('navigation')[0];"
+        " return n.domContentLoadedEventEnd - n.startTime; }"
+    )
+    print(f"\n{len(progress)} progress runs, {lines} lines: {len(body.content)} bytes, {rendered:.0f} ms")
+    assert rendered < RENDER_MS, rendered
+    group = page.locator("li.monitor-group")
+    expect()(group).to_have_count(1)
+    expect()(group).to_contain_text(f"printed {lines} lines")
+    fold = group.locator("details.fold")
+    expect()(fold.locator("ol.log > li")).to_have_count(20)  # the rest is on demand
+    assert page.locator("#timeline-" + thread_id + " > li").count() <= 5  # start, group, finished
+    # the newest activity at once: the monitor's end, after the group
+    page.get_by_role("link", name="Jump to latest ↓").click()
+    expect()(page.locator("#timeline-end")).to_be_in_viewport()
+    expect()(page.locator(f"#timeline-{thread_id} > li").last).to_contain_text("BUILD DONE")
+    screenshot(page, "thread-monitor.png")
+    fold.locator("summary").click()
+    fold.get_by_role("link", name=re.compile(r"^All \d+ lines and replies")).click()
+    log = page.locator("ol.log.full")
+    expect()(log.locator("li.line")).to_have_count(lines)
+    expect()(log).to_contain_text("line 1 of the build log")
+    assert unique_ids(page) == []
