@@ -134,6 +134,17 @@ def thread_row(summary: Mapping[str, Any], ctx: Context, background: int | None 
         "background": background,
         "order": summary.get("createdAt") or "",
         "container": f"group-{attention}",
+        **run_flags(summary, attention),
+    }
+
+
+def run_flags(summary: Mapping[str, Any], attention: str) -> dict[str, Any]:
+    """What the thread's last answer run says beside its group: why it failed, or that it
+    was stopped or cut off by a restart (never a green "settled" alone)."""
+    last = summary.get("lastRun")
+    return {
+        "flags": thread_flags(last),
+        "failure": (last or {}).get("error") if attention == "failed" else None,
     }
 
 
@@ -401,6 +412,7 @@ def run_entry(
     else:
         worked = "never started"
     reply = run.get("reply")
+    state, words = run_state(run)
     # The reply is shown outside the fold; an assistant message with the same text is not
     # shown twice.
     folded = [m for m in outputs if not (m.get("role") == "assistant" and m.get("text") == reply)]
@@ -417,12 +429,75 @@ def run_entry(
         "notifications": [m for m in inputs if m.get("role") != "user"],
         "folded": folded,
         "reply": reply,
-        "error": run.get("error"),
+        "error": run.get("error") if status == "failed" else None,
+        "why": run.get("error") if status in ("interrupted", "cancelled") else None,
         "status": status,
+        "state": state,
+        "stateWords": words,
         "worked": worked,
         "since": started or run.get("queuedAt") if status in OPEN else None,
         "progress": bool(run.get("progress")),
     }
+
+
+RESTARTED = "restarted"
+
+
+def run_state(run: Mapping[str, Any] | None) -> tuple[str, str]:
+    """A run's status for a person: a run cut off by a restart, or stopped on purpose, is
+    neither a failure nor a success (``(css class, words)``)."""
+    if run is None:
+        return "none", "no run yet"
+    status, error = run.get("status") or "", run.get("error") or ""
+    if status == "interrupted" and "restart" in error:
+        return RESTARTED, "interrupted by a restart"
+    if status == "interrupted":
+        return "stopped", "stopped"
+    return status, status
+
+
+def thread_flags(last_run: Mapping[str, Any] | None) -> list[dict[str, str]]:
+    """Badges a thread's last answer run earns beside its group: cut off by a restart,
+    stopped on purpose."""
+    if not last_run:
+        return []
+    state, words = run_state(last_run)
+    if state in (RESTARTED, "stopped"):
+        return [{"css": state, "words": words}]
+    if last_run.get("trigger") == "restart":
+        return [{"css": RESTARTED, "words": "resumed after a restart"}]
+    return []
+
+
+def deadline_fields(task: Mapping[str, Any]) -> dict[str, Any]:
+    """A task's deadline (SPEC §11), when the task view has one: ``deadlineAt`` for a
+    countdown while it is open, ``overdue`` once it passed."""
+    open_ = task.get("status") in OPEN
+    return {
+        "deadlineAt": task.get("deadlineAt") if open_ and not task.get("overdue") else None,
+        "overdue": bool(task.get("overdue")) and open_,
+    }
+
+
+def answer_rows(task: Mapping[str, Any], follow_ups: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The task's answers as its parent received them: the result, then each follow-up
+    (the one that carried the final answer last)."""
+    rows = []
+    for n, found in enumerate([task, *follow_ups]):
+        result = found.get("result") or {}
+        rows.append(
+            {
+                "taskId": found["taskId"],
+                "as": "result" if n == 0 else "follow-up",
+                "status": found["status"],
+                "open": found["status"] in OPEN,
+                "text": result.get("text"),
+                "error": result.get("error"),
+                "interim": found.get("interim"),
+                "wake": (found.get("delivery") or {}).get("state"),
+            }
+        )
+    return rows
 
 
 def task_card(
@@ -435,7 +510,15 @@ def task_card(
     """A delegated task: the child's current or final status and result, and where it lives."""
     child_env = task.get("childEnvironmentId")
     latest = follow_ups[-1] if follow_ups else task
+    answers = answer_rows(task, follow_ups)
+    ended = latest.get("completedAt") if latest["status"] not in OPEN else None
     return {
+        **deadline_fields(latest),
+        "answers": answers,
+        "latestStatus": latest["status"],
+        "error": next((a["error"] for a in reversed(answers) if a["error"]), None),
+        "elapsed": elapsed(task["createdAt"], ended),
+        "since": task["createdAt"] if latest["status"] in OPEN else None,
         "kind": "task",
         "id": f"task-{task['taskId']}",
         "order": order,
@@ -470,62 +553,94 @@ def background_rows(
     view: Mapping[str, Any], ctx: Context, now: datetime | None = None
 ) -> list[dict[str, Any]]:
     """Each command, monitor, schedule and task of the thread: what, where, status, how long,
-    its latest output or progress line, and whether it can be stopped."""
+    its latest output or progress line, and whether it can be stopped. Running work is in
+    ``background-{thread}``; ended work moves to the folded ``background-ended-{thread}``."""
     tasks = {t["taskId"]: t for t in view.get("tasks") or []}
     rows = []
     for item in view.get("background") or []:
-        task = tasks.get(item.get("taskId") or "")
-        kind = item["kind"]
-        if kind == "task":
-            what = item.get("label") or (task or {}).get("title") or item.get("taskId")
-            target = ctx.name(item.get("environmentId"))
-            status = (task or {}).get("status", item["status"])
-            latest = _task_line(task)
-        elif kind == "schedule":
-            what = item.get("text") or "scheduled wake"
-            target = ctx.name(ctx.source)
-            status = item["status"]
-            latest = f"due {item.get('dueAt')}" if item["status"] == "running" else item.get("reason")
-        else:
-            what = item.get("command") or item.get("label") or item["id"]
-            target = ctx.name(ctx.source)
-            status = item["status"]
-            latest = item.get("lastLine")
-            if item.get("exitCode") is not None and item["status"] != "running":
-                latest = f"exit {item['exitCode']}" + (f" · {latest}" if latest else "")
-            elif item.get("reason") and item["status"] != "running":
-                latest = item["reason"] + (f" · {latest}" if latest else "")
-        running = item["status"] == "running"
+        row = _item_fields(item, tasks, ctx)
+        running = row["status"] in OPEN or (item["status"] == "running" and item["kind"] != "task")
+        started, ended = row.pop("times")
+        place = "background" if running else "background-ended"
         rows.append(
             {
+                **row,
                 "id": f"item-{item['id']}",
                 "itemId": item["id"],
-                "container": f"background-{view['threadId']}",
+                "container": f"{place}-{view['threadId']}",
                 "order": f"{item['startedAt']}|{item['id']}",
-                "kind": kind,
+                "kind": item["kind"],
                 "label": item.get("label"),
-                "what": what,
-                "target": target,
-                "status": status,
                 "running": running,
                 "held": item.get("held"),
-                "startedAt": item["startedAt"],
-                "endedAt": item.get("endedAt"),
-                "elapsed": elapsed(item["startedAt"], item.get("endedAt"), now),
-                "latest": short(latest, 160),
+                "startedAt": started,
+                "endedAt": ended,
+                "elapsed": elapsed(started, ended, now),
                 "taskId": item.get("taskId"),
-                "stoppable": running and (kind == "task" or not ctx.remote),
+                "stoppable": running,
             }
         )
     return rows
 
 
+def _item_fields(
+    item: Mapping[str, Any], tasks: Mapping[str, Mapping[str, Any]], ctx: Context
+) -> dict[str, Any]:
+    """What a background row says about one item: a task by its latest answer and its own
+    times, a schedule by its countdown, a command or monitor by its last line or exit."""
+    kind, status = item["kind"], item["status"]
+    times = (item["startedAt"], item.get("endedAt"))
+    until = None
+    if kind == "task":
+        task = tasks.get(item.get("taskId") or "")
+        latest = _latest(task, tasks) if task else None
+        what = item.get("label") or (task or {}).get("title") or item.get("taskId")
+        target = ctx.name(item.get("environmentId"))
+        status = latest["status"] if latest else status
+        line = _task_line(latest)
+        if task is not None and latest is not None:
+            times = (task["createdAt"], latest.get("completedAt") if status not in OPEN else None)
+        extra = deadline_fields(latest or {})
+    elif kind == "schedule":
+        what = item.get("text") or "scheduled wake"
+        target = ctx.name(ctx.source)
+        until = item.get("dueAt") if status == "running" else None
+        line = None if until else item.get("reason")
+        extra = {}
+    else:
+        what = item.get("command") or item.get("label") or item["id"]
+        target = ctx.name(ctx.source)
+        line = item.get("lastLine")
+        if item.get("exitCode") is not None and status != "running":
+            line = f"exit {item['exitCode']}" + (f" · {line}" if line else "")
+        elif item.get("reason") and status != "running":
+            line = item["reason"] + (f" · {line}" if line else "")
+        extra = {}
+    return {
+        **extra,
+        "what": what,
+        "target": target,
+        "status": status,
+        "latest": short(line, 160),
+        "until": until,
+        "times": times,
+    }
+
+
+def _latest(task: Mapping[str, Any], tasks: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The task's latest follow-up (or the task): the one whose answer the parent got last."""
+    follow_ups = [tasks[f] for f in task.get("followUps") or [] if f in tasks]
+    return follow_ups[-1] if follow_ups else task
+
+
 def _task_line(task: Mapping[str, Any] | None) -> str | None:
     if task is None:
         return None
-    result = (task.get("result") or {}).get("text")
-    if result is not None:
-        return result
+    result = task.get("result") or {}
+    if result.get("text") is not None:
+        return str(result["text"])
+    if result.get("error"):
+        return f"failed: {result['error']}"
     if task.get("progress"):
         return task["progress"][-1].get("text")
     return task.get("interim") or task.get("workState")
@@ -610,6 +725,7 @@ def thread_head(
         "running": any(r["status"] == "running" for r in active),
         "cancelled": view.get("cancelled"),
         "waitingFor": waiting_for if attention == "waiting" else [],
+        **run_flags(view, attention),
     }
 
 

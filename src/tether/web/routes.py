@@ -255,7 +255,7 @@ def _remote_context(environment_id: str, thread_id: str) -> dict[str, Any]:
     return {
         "actions": f"/ui/env/{environment_id}/threads/{thread_id}",
         "task_actions": f"/ui/env/{environment_id}/tasks",
-        "item_actions": f"/ui/env/{environment_id}/items",
+        "item_actions": f"/ui/env/{environment_id}/threads/{thread_id}/items",
         "here": f"/env/{environment_id}/threads/{thread_id}",
     }
 
@@ -622,10 +622,18 @@ async def send_message(request: Request, thread_id: str) -> Response:
         result = await env.tools.thread_interrupt(ADMIN, thread_id)
         stopped = "; to start it now, " + _stopped_text(before, result["stoppedRuns"], [], context(env))
     sent = env.commands.post_message(ADMIN, thread_id, text, "auto" if when == "now" else "queue")
-    after = env.queries.thread(ADMIN, thread_id)
+    notice = "Message sent: " + _sent_text(sent, env.queries.thread(ADMIN, thread_id)) + stopped + "."
+    return _thread_answer(request, env, thread_id, notice)
+
+
+def _sent_text(sent: dict[str, Any], after: dict[str, Any]) -> str:
+    """Which run a sent message started or joined, by its number on the page."""
     number = _run_numbers(after).get(sent["runId"], "?")
-    how = "it started run" if sent["delivery"] == "started" else "it is queued as run"
-    return _thread_answer(request, env, thread_id, f"Message sent: {how} #{number}{stopped}.")
+    if sent["delivery"] == "started":
+        return f"it started run #{number}"
+    ahead = [n for run_id, n in _run_numbers(after).items() if n < number and run_id in _active_runs(after)]
+    waits = f" behind run{'s' if len(ahead) != 1 else ''} #{', #'.join(map(str, ahead))}" if ahead else ""
+    return f"it is queued as run #{number}{waits}"
 
 
 @router.post("/ui/threads/{thread_id}/stop")
@@ -645,16 +653,18 @@ async def stop_item(request: Request, item_id: str) -> Response:
     result = env.commands.stop_item(ADMIN, item_id)
     thread_id = result["threadId"]
     view = env.queries.thread(ADMIN, thread_id)
-    what = _describe_items(view, [item_id], context(env))[0]
-    if not result["stopped"]:
-        notice = f"The {what} had already ended: nothing was stopped."
-    elif result["kind"] == "task":
-        notice = f"Cancelled {what}."
-    elif result["kind"] == "schedule":
-        notice = f"Stopped {what}: it will not fire."
-    else:
-        notice = f"Stopped {what}; the thread is woken to learn that it ended."
+    notice = _item_notice(result, _describe_items(view, [item_id], context(env))[0])
     return _thread_answer(request, env, thread_id, notice)
+
+
+def _item_notice(result: dict[str, Any], what: str) -> str:
+    if not result["stopped"]:
+        return f"The {what} had already ended: nothing was stopped."
+    if result["kind"] == "task":
+        return f"Cancelled {what}."
+    if result["kind"] == "schedule":
+        return f"Stopped {what}: it will not fire."
+    return f"Stopped {what}; the thread is woken to learn that it ended."
 
 
 async def _cancel_local(env: Environment, task_id: str) -> tuple[dict[str, Any], str]:
@@ -721,10 +731,22 @@ async def send_remote(request: Request, environment_id: str, thread_id: str) -> 
     sent = await remote.call(
         link, "POST", f"/api/threads/{thread_id}/messages", json={"text": text, "mode": mode}
     )
-    how = "it started a run" if sent["delivery"] == "started" else "it is queued"
+    how = _sent_text(sent, await remote.thread(link, thread_id))
     return await _remote_answer(
         request, env, environment_id, thread_id, f"Message sent to {link.link.name}: {how}{stopped}."
     )
+
+
+@router.post("/ui/env/{environment_id}/threads/{thread_id}/items/{item_id}/stop")
+async def stop_remote_item(request: Request, environment_id: str, thread_id: str, item_id: str) -> Response:
+    """Stop a command, monitor or schedule of a thread in a linked environment."""
+    env = _guard(request)
+    link = remote.peer(env, environment_id)
+    before = await remote.thread(link, thread_id)
+    result = await remote.call(link, "POST", f"/api/threads/{thread_id}/items/{item_id}/stop")
+    what = _describe_items(before, [item_id], context(env, environment_id))[0]
+    notice = _item_notice(result, f"{what} in {link.link.name}")
+    return await _remote_answer(request, env, environment_id, thread_id, notice)
 
 
 @router.post("/ui/env/{environment_id}/threads/{thread_id}/stop")

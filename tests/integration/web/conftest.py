@@ -21,7 +21,8 @@ from tether.launch import Server
 def start_pair(root: Path) -> dict[str, Server]:
     alpha, beta = Server(root / "alpha", "alpha"), Server(root / "beta", "beta")
     with ThreadPoolExecutor(2) as pool:
-        for future in [pool.submit(alpha.start), pool.submit(beta.start)]:
+        # a slow start on a busy machine is not what these tests check
+        for future in [pool.submit(alpha.start, 90.0), pool.submit(beta.start, 90.0)]:
             future.result()
     link(alpha, beta)
     return {"alpha": alpha, "beta": beta}

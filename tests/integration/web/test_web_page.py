@@ -231,11 +231,15 @@ def test_send_and_stop_say_what_they_stopped(page: Any, pair: dict[str, Server])
     page.get_by_role("button", name="Send").click()
     expect(page.locator("#notice")).to_contain_text("to start it now, stopped run #1")
     expect(page.locator(f"#timeline-{thread_id}")).to_contain_text("heard change of plan")
-    row = page.locator(f"#background-{thread_id} li").first
-    expect(row).to_contain_text("sleep 60")
+    first = page.locator(f"#timeline-{thread_id} > li.run").first
+    expect(first).to_have_class(re.compile(r"\bstate-stopped\b"))  # stopped on purpose:
+    expect(first.locator(".msg.error")).to_have_count(0)  # not a red error box
+    expect(page.locator(f"#background-{thread_id} li").first).to_contain_text("sleep 60")
+    row = page.locator("#" + str(page.locator(f"#background-{thread_id} li").first.get_attribute("id")))
     row.get_by_role("button", name=re.compile("^Stop monitor")).click()
     expect(page.locator("#notice")).to_contain_text("Stopped monitor “sleep 60”")
     expect(row).to_have_class(re.compile(r"\bst-cancelled\b"))
+    expect(page.locator(f"#background-ended-{thread_id}")).to_contain_text("sleep 60")  # it left the list
     page.get_by_role("button", name="Stop the running run of this thread").click()
     said = re.compile("stopped run #|nothing was running", re.IGNORECASE)
     expect(page.locator("#notice")).to_contain_text(said)

@@ -92,11 +92,16 @@ def scale(pair: dict[str, Server]) -> Iterator[dict[str, str]]:
     monitor = new_thread(alpha, _monitor_script(), "nightly build (monitor)")
     fleet = new_thread(alpha, _fleet_script(12), "release fleet")
     solo = [new_thread(alpha, _answer(f"note {n}"), f"scratch note {n}") for n in range(4)]
+    later = {
+        "tether_script": 1,
+        "rules": [{"on": "start", "do": [{"schedule": {"in_ms": 600_000, "text": "look again"}}]}],
+    }
+    scheduled = new_thread(alpha, later, "check back later")
     for thread_id in (monitor, fleet, *solo):
         wait_settled(alpha, thread_id, timeout=120)
     # a persistent monitor is not held: its thread settles while it still prints
     await_view(alpha, monitor, _monitor_ended, "the monitor's end", timeout=120)
-    yield {"monitor": monitor, "fleet": fleet}
+    yield {"monitor": monitor, "fleet": fleet, "scheduled": scheduled}
 
 
 def _monitor_ended(view: dict[str, Any]) -> bool:
@@ -146,3 +151,45 @@ def test_a_busy_monitor_is_one_small_group(page: Any, pair: dict[str, Server], s
     expect()(log.locator("li.line")).to_have_count(lines)
     expect()(log).to_contain_text("line 1 of the build log")
     assert unique_ids(page) == []
+
+
+def test_task_cards_say_how_each_answer_came(
+    page: Any, pair: dict[str, Server], scale: dict[str, str]
+) -> None:
+    alpha, fleet = pair["alpha"], scale["fleet"]
+    page.goto(f"{alpha.url}/threads/{fleet}")
+    cards = page.locator("li.task-card")
+    expect()(cards).to_have_count(24)
+    # failed, with the reason (a linked child's task record carries no reason yet: its
+    # row in the threads list says why, see test_the_threads_list_nests_children)
+    for where in ("alpha", "beta"):
+        expect()(cards.filter(has_text=f"lint on {where}")).to_have_class(re.compile(r"\bst-failed\b"))
+    failed = cards.filter(has_text="lint on alpha")
+    expect()(failed.locator(".msg.error")).to_contain_text("ruff found 3 errors")
+    # the interim WAITING as the result, then the follow-up that carried FINAL
+    late = cards.filter(has_text="test suite on beta")
+    answers = late.locator("ol.answers > li")
+    expect()(answers).to_have_count(2)
+    expect()(answers.nth(0)).to_contain_text("result")
+    expect()(answers.nth(0)).to_contain_text("WAITING")
+    expect()(answers.nth(1)).to_contain_text("follow-up")
+    expect()(answers.nth(1)).to_contain_text("FINAL: all 212 tests passed")
+    expect()(answers.nth(1)).to_contain_text("the final answer")
+    # finished tasks left the running list; their rows show how long they really took
+    expect()(page.locator(f"#background-{fleet} > li")).to_have_count(0)
+    ended = page.locator(f"#background-ended-{fleet} > li")
+    expect()(ended).to_have_count(24 + 2)  # and the two follow-ups
+    suite = ended.filter(has_text="test suite on alpha").first
+    expect()(suite).to_contain_text("FINAL: all 212 tests passed")
+    expect()(suite).not_to_contain_text("ran 0 s")  # the child's command slept 1 s
+    screenshot(page, "thread-tasks.png")
+
+
+def test_a_schedule_counts_down(page: Any, pair: dict[str, Server], scale: dict[str, str]) -> None:
+    alpha, thread_id = pair["alpha"], scale["scheduled"]
+    page.goto(f"{alpha.url}/threads/{thread_id}")
+    row = page.locator(f"#background-{thread_id} > li")
+    expect()(row).to_have_count(1)
+    expect()(row).to_contain_text("scheduled")
+    expect()(row.locator("time.countdown")).to_have_text(re.compile(r"^(9|10) min \d+ s$"))
+    expect()(row).not_to_contain_text("running")

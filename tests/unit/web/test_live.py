@@ -143,7 +143,12 @@ def fragments_of(view: dict[str, Any], keys: set[tuple[str, ...]] | None) -> lis
 
 def containers(view: dict[str, Any]) -> set[str]:
     thread_id = view["threadId"]
-    return {f"timeline-{thread_id}", f"background-{thread_id}", f"ledger-{thread_id}"}
+    return {
+        f"timeline-{thread_id}",
+        f"background-{thread_id}",
+        f"background-ended-{thread_id}",
+        f"ledger-{thread_id}",
+    }
 
 
 def fresh(view: dict[str, Any]) -> Page:

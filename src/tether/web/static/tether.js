@@ -112,6 +112,12 @@
       const since = Date.parse(time.dataset.since);
       if (!isNaN(since)) time.textContent = secondsText((now - since) / 1000);
     }
+    // Countdowns (a schedule, a deadline): "4 min 3 s", then "now" once due.
+    for (const time of document.querySelectorAll("time[data-until]")) {
+      const until = Date.parse(time.dataset.until);
+      if (isNaN(until)) continue;
+      time.textContent = until > now ? secondsText((until - now) / 1000) : "now (due)";
+    }
   }
 
   // ------------------------------------------------------------------ the live feed
