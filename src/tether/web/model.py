@@ -110,18 +110,26 @@ def short(text: str | None, limit: int = 120) -> str:
 # ---------------------------------------------------------------------- threads list
 
 
-def thread_row(summary: Mapping[str, Any], ctx: Context, background: int | None = None) -> dict[str, Any]:
-    """One row of the threads list, from a thread summary (``GET /api/threads``)."""
+def thread_row(
+    summary: Mapping[str, Any],
+    ctx: Context,
+    background: int | None = None,
+    parent_title: str | None = None,
+) -> dict[str, Any]:
+    """One row of the threads list, from a thread summary (``GET /api/threads``). A child of
+    a thread here (whichever environment the child runs in) goes into its parent's row."""
     environment_id = summary.get("environmentId") or ctx.source
     local = environment_id == ctx.local
     thread_id = summary["threadId"]
     attention = summary.get("attention") or "settled"
     since = summary.get("attentionSince")
+    parent = summary.get("parentThreadId")
+    nested = bool(parent) and summary.get("parentEnvironmentId") == ctx.local
     return {
         "id": ("thread-" if local else "rthread-") + thread_id,
         "threadId": thread_id,
         "href": ctx.thread_href(environment_id, thread_id),
-        "title": summary.get("title") or "untitled",
+        "title": summary.get("title") or (f"task of “{parent_title}”" if parent_title else "untitled"),
         "provider": summary.get("provider"),
         "environment": ctx.name(environment_id),
         "local": local,
@@ -129,13 +137,43 @@ def thread_row(summary: Mapping[str, Any], ctx: Context, background: int | None 
         "since": since if attention in ("working", "waiting") else None,
         "status": summary.get("status"),
         "taskId": summary.get("taskId"),
-        "parent": summary.get("parentThreadId"),
-        "parentHref": ctx.thread_href(summary.get("parentEnvironmentId"), summary.get("parentThreadId")),
+        "parent": parent,
+        "parentTitle": parent_title,
+        "parentHref": ctx.thread_href(summary.get("parentEnvironmentId"), parent),
         "background": background,
         "order": summary.get("createdAt") or "",
-        "container": f"group-{attention}",
+        "container": f"kids-{parent}" if nested else f"group-{attention}",
+        "kidsId": f"kids-{thread_id}",
+        "kids": [],
+        "stale": summary.get("stale"),
         **run_flags(summary, attention),
     }
+
+
+def group_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The groups in the order of what needs a person, each a list of trees: a thread with
+    the threads its tasks created inside it (oldest first), roots newest first. A child
+    whose parent is not in the list stands in its own group."""
+    rows = list(rows)
+    by_kids = {row["kidsId"]: row for row in rows}
+    groups: dict[str, list[dict[str, Any]]] = {name: [] for name in ORDER}
+    for row in sorted(rows, key=lambda r: r["order"]):
+        parent = by_kids.get(row["container"])
+        if parent is not None and parent is not row:
+            parent["kids"].append(row)
+            continue
+        row["container"] = f"group-{row['attention']}"
+        groups.setdefault(row["attention"], []).append(row)
+    return [
+        {
+            "name": name,
+            "title": GROUP_TITLES.get(name, name),
+            "hint": GROUP_HINTS.get(name, ""),
+            "rows": found[::-1],
+            "open": name != "settled",
+        }
+        for name, found in groups.items()
+    ]
 
 
 def run_flags(summary: Mapping[str, Any], attention: str) -> dict[str, Any]:
@@ -146,22 +184,6 @@ def run_flags(summary: Mapping[str, Any], attention: str) -> dict[str, Any]:
         "flags": thread_flags(last),
         "failure": (last or {}).get("error") if attention == "failed" else None,
     }
-
-
-def group_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The groups in the order of what needs a person; rows newest first in each."""
-    groups: dict[str, list[dict[str, Any]]] = {name: [] for name in ORDER}
-    for row in rows:
-        groups.setdefault(row["attention"], []).append(row)
-    return [
-        {
-            "name": name,
-            "title": GROUP_TITLES.get(name, name),
-            "hint": GROUP_HINTS.get(name, ""),
-            "rows": sorted(found, key=lambda r: r["order"], reverse=True),
-        }
-        for name, found in groups.items()
-    ]
 
 
 # ---------------------------------------------------------------------- triggers

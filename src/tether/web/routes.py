@@ -215,7 +215,16 @@ def _local_row(env: Environment, ctx: model.Context, thread_id: str) -> dict[str
             return None
         summary = {**thread_summary(thread, env.environment_id), **attention_fields(u, thread)}
         running = len(u.query(Item, thread_id=thread_id, status="running"))
-    return model.thread_row(summary, ctx, running)
+    return model.thread_row(summary, ctx, running, _parent_title(env, summary))
+
+
+def _parent_title(env: Environment, summary: dict[str, Any]) -> str | None:
+    """The title of a row's parent thread, when that parent is here."""
+    if not summary.get("parentThreadId") or summary.get("parentEnvironmentId") != env.environment_id:
+        return None
+    with env.store.transaction() as tx:
+        parent = tx.get(Thread, summary["parentThreadId"])
+    return (parent.title or "untitled") if parent is not None else None
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -226,9 +235,13 @@ async def threads_page(request: Request) -> Response:
     cursor = env.store.last_event_seq()  # before reading: nothing after it is missed
     ctx = context(env)
     counts = _background_counts(env)
-    rows = [model.thread_row(t, ctx, counts.get(t["threadId"], 0)) for t in env.queries.threads(ADMIN)]
+    local = env.queries.threads(ADMIN)
+    titles = {t["threadId"]: t.get("title") or "untitled" for t in local}
     found, problems = await remote.all_threads(env)
-    rows += [model.thread_row(t, ctx) for t in found]
+    rows = [
+        model.thread_row(t, ctx, counts.get(t["threadId"]), titles.get(t.get("parentThreadId") or ""))
+        for t in local + found
+    ]
     return _page(
         request,
         "threads.html",
@@ -473,11 +486,8 @@ async def _live_fragments(
                 if row is not None:
                     found.append(row_fragment(row))
             elif key[0] == "remote-row" and key[1] in env.peers.peers:
-                try:
-                    view_of = await remote.thread(remote.peer(env, key[1]), key[2])
-                except TetherError:
-                    continue
-                found.append(row_fragment(model.thread_row(view_of, ctx)))
+                summary = await remote.thread_summary(remote.peer(env, key[1]), key[2])
+                found.append(row_fragment(model.thread_row(summary, ctx, None, _parent_title(env, summary))))
             elif key[0] == "summary":
                 found.append(
                     make_fragment("partials/summary.html", "env-summary", None, None, summary=_summary(env))

@@ -193,3 +193,39 @@ def test_a_schedule_counts_down(page: Any, pair: dict[str, Server], scale: dict[
     expect()(row).to_contain_text("scheduled")
     expect()(row.locator("time.countdown")).to_have_text(re.compile(r"^(9|10) min \d+ s$"))
     expect()(row).not_to_contain_text("running")
+
+
+def test_the_threads_list_nests_children(page: Any, pair: dict[str, Server], scale: dict[str, str]) -> None:
+    alpha, fleet = pair["alpha"], scale["fleet"]
+    page.goto(alpha.url + "/")
+    settled = page.locator("#groupbox-settled")
+    expect()(settled).not_to_have_attribute("open", "")  # settled threads are folded away
+    kids = page.locator(f"#kids-{fleet} > li")
+    expect()(kids).to_have_count(24)  # here and on beta, under the task that made them
+    expect()(page.locator(f"#kids-{fleet} > li.row[id^='rthread-']")).to_have_count(12)
+    expect()(kids.first).to_contain_text("task of “release fleet”")
+    # a linked child's failure says why (its environment's own reading)
+    lint = kids.filter(has_text="lint on beta")
+    expect()(lint).to_contain_text("failed: ruff found 3 errors")
+    # search finds it, with the thread it sits in; the rest hides
+    page.get_by_label("Search threads").fill("lint on beta")
+    expect()(settled).to_have_attribute("open", "")
+    expect()(page.locator("#groups li.row:visible")).to_have_count(2)
+    expect()(page.locator(f"#thread-{fleet}")).to_be_visible()
+    expect()(lint).to_be_visible()
+    page.get_by_label("Search threads").fill("")
+    expect()(kids).to_have_count(24)
+    screenshot(page, "threads.png")
+
+
+def test_a_new_child_appears_under_its_parent_live(page: Any, pair: dict[str, Server]) -> None:
+    alpha = pair["alpha"]
+    page.goto(alpha.url + "/")
+    expect()(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    parent = new_thread(alpha, _fleet_script(1), "live fleet")
+    kids = page.locator(f"#kids-{parent} > li")
+    expect()(kids).to_have_count(2)
+    expect()(kids.filter(has_text="lint on beta")).to_contain_text("failed: ruff found 3 errors")
+    expect()(page.locator(f"#thread-{parent}")).to_contain_text("Settled")
+    expect()(kids).to_have_count(2)  # the parent's re-renders kept its children
+    assert unique_ids(page) == []

@@ -287,9 +287,16 @@ def test_elapsed_words() -> None:
     assert model.elapsed(None) == ""
 
 
+def _row(thread_id: str, attention: str, created: str, parent: str | None = None, env: str = ENV) -> Any:
+    summary = {"threadId": thread_id, "attention": attention, "createdAt": created, "environmentId": env}
+    if parent:
+        summary |= {"parentThreadId": parent, "parentEnvironmentId": ENV}
+    return model.thread_row(summary, model.Context(ENV, "here", {"env_far": "far"}))
+
+
 def test_groups_in_the_order_of_what_needs_a_person() -> None:
     rows = [
-        {"attention": a, "order": o}
+        _row(f"thr_{o}", a, o)
         for a, o in (
             ("settled", "1"),
             ("working", "2"),
@@ -301,3 +308,19 @@ def test_groups_in_the_order_of_what_needs_a_person() -> None:
     groups = model.group_rows(rows)
     assert [g["name"] for g in groups] == ["needs_input", "working", "waiting", "failed", "settled"]
     assert [r["order"] for r in groups[1]["rows"]] == ["5", "2"]  # newest first
+    assert [g["open"] for g in groups] == [True, True, True, True, False]  # settled is folded
+
+
+def test_children_nest_under_their_parent_wherever_they_run() -> None:
+    parent = _row("thr_p", "waiting", "1")
+    here = _row("thr_a", "working", "2", parent="thr_p")
+    far = _row("thr_b", "failed", "3", parent="thr_p", env="env_far")
+    grandchild = _row("thr_c", "settled", "4", parent="thr_a")
+    orphan = _row("thr_d", "settled", "5", parent="thr_gone")
+    groups = {g["name"]: g["rows"] for g in model.group_rows([far, grandchild, orphan, here, parent])}
+    assert [r["threadId"] for r in groups["waiting"]] == ["thr_p"]
+    assert [r["threadId"] for r in parent["kids"]] == ["thr_a", "thr_b"]  # oldest first
+    assert [r["threadId"] for r in here["kids"]] == ["thr_c"]
+    assert far["container"] == "kids-thr_p" and far["id"] == "rthread-thr_b"
+    assert [r["threadId"] for r in groups["settled"]] == ["thr_d"]  # its parent is not listed
+    assert groups["failed"] == [] and groups["working"] == []

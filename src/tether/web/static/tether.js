@@ -49,6 +49,15 @@
     if (old.tagName === "DETAILS" && old.open) node.open = true;
   }
 
+  function adopt(old, node) {
+    // A row re-rendered alone keeps what other fragments put inside it (its child
+    // threads): each [data-keep] element's children move over to its twin.
+    for (const kept of old.querySelectorAll("[data-keep][id]")) {
+      const twin = node.querySelector("#" + CSS.escape(kept.id));
+      if (twin) twin.replaceChildren(...kept.children);
+    }
+  }
+
   function apply(message) {
     for (const fragment of message.fragments || []) {
       const template = document.createElement("template");
@@ -67,12 +76,14 @@
         (old.parentElement === container && old.dataset.order === node.dataset.order));
       if (inPlace) {
         keepOpen(old, node);
+        adopt(old, node);
         old.replaceWith(node);
       } else if (container) {
         // New, or moved: to another container, or to another place in its own (a
         // monitor's group follows its latest line).
         if (old) {
           keepOpen(old, node);
+          adopt(old, node);
           old.remove();
         }
         insertSorted(container, node);
@@ -82,7 +93,35 @@
     }
     counts();
     tick();
+    filter();
   }
+
+  // ------------------------------------------------------------------ search
+
+  const search = document.querySelector("input[data-filter]");
+
+  function filter() {
+    // Rows whose text (title, id, environment, state) has the query, with the rows they
+    // sit in; every group and child list opens while a query is typed.
+    if (!search) return;
+    const query = search.value.trim().toLowerCase();
+    const rows = document.querySelectorAll(search.dataset.filter);
+    for (const row of rows) row.hidden = false;
+    if (!query) return;
+    for (const row of rows) {
+      const own = row.querySelector(":scope > .line");
+      row.hidden = !(own && own.textContent.toLowerCase().includes(query));
+    }
+    for (const row of rows) {
+      if (row.hidden) continue;
+      for (let up = row.parentElement; up; up = up.parentElement) {
+        if (up.matches && up.matches(search.dataset.filter)) up.hidden = false;
+        if (up.tagName === "DETAILS") up.open = true;
+      }
+    }
+  }
+
+  if (search) search.addEventListener("input", filter);
 
   function counts() {
     for (const count of document.querySelectorAll("[data-count-for]")) {
