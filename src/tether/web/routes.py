@@ -47,7 +47,11 @@ router = APIRouter(include_in_schema=False)
 COOKIE = "tether_token"
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE = 15.0
-LINKS_REFRESH = 3.0
+#: How often the environments page looks at its links' own state (reachability, last
+#: error, cursor: kept by each link's follower), whatever the event feed does.
+LINK_WATCH = 0.5
+#: How often it re-measures each link's cursor lag (a read of the peer's feed) unchanged.
+LAG_REFRESH = 10.0
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".png": "image/png", ".svg": "image/svg+xml"}
 
 
@@ -417,6 +421,26 @@ async def _links(env: Environment) -> list[dict[str, Any]]:
     return [{**peer.view(), "lag": lag} for peer, lag in zip(peers, lags, strict=True)]
 
 
+class LinkWatch:
+    """The environments page's view of its links: each link's own state is read every
+    ``LINK_WATCH`` seconds and the rows are sent when it changed (a link going down or
+    coming back shows at once, even while a busy feed never leaves the page idle); the
+    cursor lag, a read of the peer's feed, is measured again when the state changed or
+    every ``LAG_REFRESH`` seconds."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, ...]] | None = None
+        self.measured = 0.0
+
+    async def changed(self, env: Environment) -> list[dict[str, Any]]:
+        state = [tuple(peer.view().values()) for peer in env.peers.peers.values()]
+        clock = asyncio.get_running_loop().time()
+        if state == self.seen and clock - self.measured < LAG_REFRESH:
+            return []
+        self.seen, self.measured = state, clock
+        return [_link_fragment(link) for link in await _links(env)]
+
+
 def _link_fragment(link: dict[str, Any]) -> dict[str, Any]:
     return make_fragment(
         "partials/link_row.html", f"link-{link['environmentId']}", "links", link["name"], link=link
@@ -528,6 +552,7 @@ async def live(
     cursor = _live_cursor(env, after, request.headers.get("last-event-id"))
     past_end = cursor > env.store.last_event_seq()
     local = env.environment_id
+    links_watch = LinkWatch()
 
     async def stream() -> Any:
         nonlocal cursor
@@ -537,6 +562,9 @@ async def live(
             return
         yield _frame("fragments", cursor, {"fragments": []})
         while not await request.is_disconnected():
+            links = await links_watch.changed(env) if view == "environments" else []
+            if links:
+                yield _frame("fragments", cursor, {"fragments": links})
             batch = env.store.events_after(cursor, 500)
             if batch:
                 events = [event_json(e, local) for e in batch]
@@ -548,16 +576,11 @@ async def live(
                 yield _frame("fragments", cursor, {"fragments": fragments})
                 continue
             seen = cursor
-            timeout = LINKS_REFRESH if view == "environments" else KEEPALIVE
+            timeout = LINK_WATCH if view == "environments" else KEEPALIVE
             woke = await env.runtime.notifier.wait_until(
                 ["events"], lambda seen=seen: True if env.store.last_event_seq() > seen else None, timeout
             )
-            if woke is not None:
-                continue
-            if view == "environments":
-                links = [_link_fragment(link) for link in await _links(env)]
-                yield _frame("fragments", cursor, {"fragments": links})
-            else:
+            if woke is None and view != "environments":
                 yield ": keepalive\n\n"
 
     return StreamingResponse(

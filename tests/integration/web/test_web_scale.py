@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import open_page
 from webkit import await_view, expect, new_thread, screenshot, thread, unique_ids, wait_settled
 
 from tether.launch import Server
@@ -229,3 +230,57 @@ def test_a_new_child_appears_under_its_parent_live(page: Any, pair: dict[str, Se
     expect()(page.locator(f"#thread-{parent}")).to_contain_text("Settled")
     expect()(kids).to_have_count(2)  # the parent's re-renders kept its children
     assert unique_ids(page) == []
+
+
+def test_stop_a_linked_thread_s_monitor(page: Any, pair: dict[str, Server]) -> None:
+    alpha = pair["alpha"]
+    child = {
+        "tether_script": 1,
+        "rules": [
+            {"on": "start", "do": [{"monitor": "sleep 120", "id": "m"}, {"reply": "WATCHING"}]},
+            {"on": "monitor_finished", "do": [{"reply": "the watch ended"}]},
+        ],
+    }
+    delegate = {"task": child, "title": "watch on beta", "environment": "beta"}
+    script = {
+        "tether_script": 1,
+        "rules": [{"on": "start", "do": [{"delegate": delegate}, {"reply": "sent"}]}],
+    }
+    parent = new_thread(alpha, script, "remote watcher")
+    page.goto(f"{alpha.url}/threads/{parent}")
+    card = page.locator("li.task-card")
+    expect()(card).to_contain_text("WATCHING")
+    card.get_by_role("link", name="child thread").click()
+    row = page.locator("ul.bg > li.item").filter(has_text="sleep 120")
+    row.get_by_role("button", name=re.compile("^Stop monitor")).click()
+    notice = page.locator(".notice").first
+    expect()(notice).to_contain_text("Stopped monitor “sleep 120”")
+    expect()(notice).to_contain_text("in beta")
+    expect()(page.locator("ol.timeline")).to_contain_text("the watch ended")
+
+
+def test_an_unreachable_peer_keeps_its_threads_stale(
+    browser: Any, pair: dict[str, Server], scale: dict[str, str]
+) -> None:
+    """Last: it stops beta (and starts it again)."""
+    alpha, beta, fleet = pair["alpha"], pair["beta"], scale["fleet"]
+    links, errors = open_page(browser, alpha)
+    links.goto(alpha.url + "/environments")
+    row = links.locator("#links > tr")
+    expect()(row.locator(".badge")).to_have_text("ok")
+    beta.stop()
+    try:
+        expect()(row.locator(".badge")).not_to_have_text("ok")  # live, from the link's own state
+        page, more = open_page(browser, alpha)
+        expect()(page.locator("p.warn")).to_contain_text("beta")
+        expect()(page.locator("p.warn")).to_contain_text("shown as last seen")
+        stale = page.locator(f"#kids-{fleet} > li.stale")
+        expect()(stale).to_have_count(12)  # beta's children of the fleet did not vanish
+        expect()(stale.first.locator(".badge.stale")).to_contain_text("stale")
+        screenshot(page, "threads-stale.png")
+        page.context.close()
+    finally:
+        beta.start(90.0)
+    expect()(row.locator(".badge")).to_have_text("ok")
+    links.context.close()
+    assert errors == [] and more == []
