@@ -845,6 +845,16 @@ async def revoke_link_token(request: Request, token_id: str) -> Response:
     )
 
 
+#: The command line's words in messages the page shows, and the page's own for them.
+_PAGE_WORDS = {"--insecure": "tick “Allow plain http to a public address”"}
+
+
+def _page_words(message: str) -> str:
+    for cli, page in _PAGE_WORDS.items():
+        message = message.replace(cli, page)
+    return message
+
+
 @router.post("/ui/links")
 async def add_link(request: Request) -> Response:
     env = _guard(request)
@@ -852,6 +862,12 @@ async def add_link(request: Request) -> Response:
     url, token = form.get("url", "").strip(), form.get("token", "").strip()
     if not url or not token:
         raise Invalid("a link needs the URL of the other environment and a link token minted there")
-    view = await env.peers.add(url, token, form.get("label", "").strip() or None, form.get("insecure") == "1")
+    try:
+        view = await env.peers.add(
+            url, token, form.get("label", "").strip() or None, form.get("insecure") == "1"
+        )
+    except TetherError as error:
+        error.message = _page_words(error.message)
+        raise
     link = {**view, "lag": None}
     return _answer(request, [_link_fragment(link)], f"Linked to {view['name']} ({view['status']}).")

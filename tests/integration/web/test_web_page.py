@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import open_page
 from webkit import (
     await_view,
     health,
@@ -194,7 +195,7 @@ def test_cancel_a_task_from_the_page(page: Any, pair: dict[str, Server]) -> None
     card = page.locator("li.task-card").first
     expect(page.locator(f"#background-{parent}")).to_contain_text("long job")
     card.get_by_role("button", name="Cancel task long job").click()
-    notice = page.locator("#notice")
+    notice = page.locator("li.task-card + li.notice-slot")  # right under the card
     expect(notice).to_contain_text("Cancelled task “long job”")
     expect(notice).to_contain_text("stopped command “sleep 60”")  # it says what it stopped
     expect(card).to_have_class(re.compile(r"\bst-cancelled\b"))
@@ -229,7 +230,7 @@ def test_send_and_stop_say_what_they_stopped(page: Any, pair: dict[str, Server])
     page.get_by_label("Message to this thread").fill("change of plan")
     page.get_by_label("Start now (stops the running run)").check()
     page.get_by_role("button", name="Send").click()
-    expect(page.locator("#notice")).to_contain_text("to start it now, stopped run #1")
+    expect(page.locator("form.send + .notice-slot")).to_contain_text("to start it now, stopped run #1")
     expect(page.locator(f"#timeline-{thread_id}")).to_contain_text("heard change of plan")
     first = page.locator(f"#timeline-{thread_id} > li.run").first
     expect(first).to_have_class(re.compile(r"\bstate-stopped\b"))  # stopped on purpose:
@@ -237,12 +238,12 @@ def test_send_and_stop_say_what_they_stopped(page: Any, pair: dict[str, Server])
     expect(page.locator(f"#background-{thread_id} li").first).to_contain_text("sleep 60")
     row = page.locator("#" + str(page.locator(f"#background-{thread_id} li").first.get_attribute("id")))
     row.get_by_role("button", name=re.compile("^Stop monitor")).click()
-    expect(page.locator("#notice")).to_contain_text("Stopped monitor “sleep 60”")
+    expect(page.locator("li.item + li.notice-slot")).to_contain_text("Stopped monitor “sleep 60”")
     expect(row).to_have_class(re.compile(r"\bst-cancelled\b"))
     expect(page.locator(f"#background-ended-{thread_id}")).to_contain_text("sleep 60")  # it left the list
     page.get_by_role("button", name="Stop the running run of this thread").click()
     said = re.compile("stopped run #|nothing was running", re.IGNORECASE)
-    expect(page.locator("#notice")).to_contain_text(said)
+    expect(page.locator(".stops form + .notice-slot")).to_contain_text(said)
 
 
 # ---------------------------------------------------------------------- the live connection
@@ -308,14 +309,48 @@ def test_environments_page(page: Any, pair: dict[str, Server]) -> None:
     expect(row).to_contain_text("beta")
     expect(row).to_contain_text("ok")
     expect(row).to_contain_text("0 events behind")
-    page.get_by_label("Label (who will use it)").fill("laptop")
+    label = page.get_by_label("Label (who will use it)")
+    label.fill("laptop")
     page.get_by_role("button", name="Create link token").click()
-    secret = page.get_by_label("Link token (shown once)")
+    # the shown-once token appears right under the form that made it, in view
+    secret = page.locator("form[action='/ui/link-tokens'] + .notice-slot").get_by_label(
+        "Link token (shown once)"
+    )
     expect(secret).to_have_value(re.compile(r"^ttl_"))
+    expect(secret).to_be_in_viewport()
+    expect(label).to_have_value("")  # not an invitation to mint a second one
     expect(page.locator("#tokens")).to_contain_text("laptop")
     screenshot(page, "environments.png")
-    # a phone: the thread list still reads
-    page.set_viewport_size({"width": 390, "height": 800})
-    page.goto(alpha.url + "/")
-    expect(page.locator("h1")).to_have_text("Threads")
-    screenshot(page, "threads-phone.png")
+    # errors in the page's words, not the command line's
+    page.get_by_label("URL of the other environment").fill("http://example.com:8765")
+    page.get_by_label("Link token minted there").fill("ttl_x")
+    page.get_by_role("button", name="Add link").click()
+    refused = page.locator("form[action='/ui/links'] + .notice-slot")
+    expect(refused).to_contain_text("Allow plain http to a public address")
+    expect(refused).not_to_contain_text("--insecure")
+
+
+@pytest.mark.parametrize("path", ["/", "/environments", "fleet"])
+def test_a_phone_shows_everything(browser: Any, pair: dict[str, Server], path: str) -> None:
+    """390 px wide: nothing runs off the screen (the ledger's Wake and Answer, the links'
+    columns), and the page does not scroll sideways."""
+    expect = webkit_expect()
+    alpha = pair["alpha"]
+    phone, errors = open_page(browser, alpha, width=390, height=800)
+    if path == "fleet":
+        parent = new_thread(alpha, _probe_1_parent("beta", 0.5), "phone parent")
+        wait_settled(alpha, parent)
+        path = f"/threads/{parent}"
+    phone.goto(alpha.url + path)
+    expect(phone.locator("h1").first).to_be_visible()
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    cells = phone.locator("main td, main button, main input, main a")
+    offscreen = cells.evaluate_all(
+        """(els) => els.filter(e => { const r = e.getBoundingClientRect();
+             return r.width > 0 && (r.right > 391 || r.left < -1); }).map(e => e.outerHTML.slice(0, 80))"""
+    )
+    assert offscreen == []
+    name = {"/": "threads-phone.png", "/environments": "environments-phone.png"}.get(path, "thread-phone.png")
+    screenshot(phone, name)
+    phone.context.close()
+    assert errors == []

@@ -253,7 +253,7 @@ def test_stop_a_linked_thread_s_monitor(page: Any, pair: dict[str, Server]) -> N
     card.get_by_role("link", name="child thread").click()
     row = page.locator("ul.bg > li.item").filter(has_text="sleep 120")
     row.get_by_role("button", name=re.compile("^Stop monitor")).click()
-    notice = page.locator(".notice").first
+    notice = page.locator("li.item + li.notice-slot")
     expect()(notice).to_contain_text("Stopped monitor “sleep 120”")
     expect()(notice).to_contain_text("in beta")
     expect()(page.locator("ol.timeline")).to_contain_text("the watch ended")

@@ -130,10 +130,47 @@
     }
   }
 
-  function showNotice(html, isError) {
-    if (!notice) return;
-    notice.innerHTML = html;
-    if (isError) notice.firstElementChild && notice.firstElementChild.classList.add("error");
+  function anchorOf(form) {
+    // What a notice follows: the row or card holding the form (found again by its id once
+    // the answer re-rendered it), or the form itself.
+    const holder = form.closest("li[id], tr[id]");
+    return holder ? holder.id : form;
+  }
+
+  function slotFor(anchor) {
+    // A notice sits right after what caused it, where the person is looking (a fold
+    // holding it opens). One notice at a time.
+    if (typeof anchor === "string") anchor = document.getElementById(anchor);
+    if (!anchor || !anchor.isConnected) return null;
+    for (let up = anchor.parentElement; up; up = up.parentElement) {
+      if (up.tagName === "DETAILS") up.open = true;
+    }
+    const next = anchor.nextElementSibling;
+    if (next && next.classList.contains("notice-slot")) return next;
+    for (const old of document.querySelectorAll(".notice-slot")) old.remove();
+    const tag = anchor.tagName === "LI" ? "li" : anchor.tagName === "TR" ? "tr" : "div";
+    const slot = document.createElement(tag);
+    slot.className = "notice-slot";
+    slot.setAttribute("role", "status");
+    anchor.after(slot);
+    if (tag !== "tr") return slot;
+    const cell = document.createElement("td");
+    cell.colSpan = 9;
+    slot.appendChild(cell);
+    return slot;
+  }
+
+  function showNotice(anchor, html, error) {
+    if (notice) notice.innerHTML = "";
+    const slot = slotFor(anchor) || notice;
+    if (!slot) return;
+    const into = slot.tagName === "TR" ? slot.firstElementChild : slot;
+    into.innerHTML = html;
+    if (error !== undefined) {
+      into.innerHTML = '<div class="notice error"><p></p></div>';
+      into.querySelector("p").textContent = error;
+    }
+    slot.scrollIntoView({ block: "nearest" });
   }
 
   // ------------------------------------------------------------------ elapsed time
@@ -220,6 +257,7 @@
     if (!form.matches || !form.matches("form[data-fragment]")) return;
     event.preventDefault();
     const data = new URLSearchParams(new FormData(form, event.submitter));
+    const anchor = anchorOf(form);
     const buttons = form.querySelectorAll("button");
     buttons.forEach(function (b) { b.disabled = true; });
     fetch(form.action, {
@@ -235,18 +273,16 @@
         }
         return response.json().then(function (answer) {
           if (answer.error) {
-            showNotice('<div class="notice error"><p></p></div>', true);
-            notice.querySelector("p").textContent = answer.error.message;
+            showNotice(anchor, "", answer.error.message);
             return;
           }
           apply(answer);
-          if (answer.notice) showNotice(answer.notice, false);
-          if (form.querySelector("textarea")) form.reset();
+          form.reset(); // a label or message is not sent twice by mistake
+          if (answer.notice) showNotice(anchor, answer.notice);
         });
       })
       .catch(function (error) {
-        showNotice('<div class="notice error"><p></p></div>', true);
-        notice.querySelector("p").textContent = "The request failed: " + error;
+        showNotice(anchor, "", "The request failed: " + error);
       })
       .finally(function () {
         buttons.forEach(function (b) { b.disabled = false; });
