@@ -661,10 +661,11 @@ async def send_message(request: Request, thread_id: str) -> Response:
 
 def _sent_text(sent: dict[str, Any], after: dict[str, Any]) -> str:
     """Which run a sent message started or joined, by its number on the page."""
-    number = _run_numbers(after).get(sent["runId"], "?")
+    numbers = _run_numbers(after)
+    number = numbers.get(sent["runId"], 0)
     if sent["delivery"] == "started":
         return f"it started run #{number}"
-    ahead = [n for run_id, n in _run_numbers(after).items() if n < number and run_id in _active_runs(after)]
+    ahead = [numbers[run_id] for run_id in _active_runs(after) if numbers[run_id] < number]
     waits = f" behind run{'s' if len(ahead) != 1 else ''} #{', #'.join(map(str, ahead))}" if ahead else ""
     return f"it is queued as run #{number}{waits}"
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from conftest import open_page
 from webkit import (
+    api,
     await_view,
     health,
     new_thread,
@@ -244,6 +245,37 @@ def test_send_and_stop_say_what_they_stopped(page: Any, pair: dict[str, Server])
     page.get_by_role("button", name="Stop the running run of this thread").click()
     said = re.compile("stopped run #|nothing was running", re.IGNORECASE)
     expect(page.locator(".stops form + .notice-slot")).to_contain_text(said)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the engine: the dispatcher starts the oldest queued run, so a message sent "
+    "'start now' waits behind an earlier queued one (see docs/web.md)",
+)
+def test_start_now_starts_before_an_earlier_queued_message(pair: dict[str, Server]) -> None:
+    alpha = pair["alpha"]
+    script = {
+        "tether_script": 1,
+        "rules": [
+            {"on": "start", "do": [{"sleep_ms": 30000}]},
+            {"on": "user", "repeat": True, "do": [{"reply": "heard {{text}}"}]},
+        ],
+    }
+    thread_id = new_thread(alpha, script, "start now")
+    await_view(alpha, thread_id, lambda v: v["runs"][0]["status"] == "running", "the first run")
+    api(alpha, "POST", f"/api/threads/{thread_id}/messages", json={"text": "later", "mode": "queue"})
+    sent = httpx.post(
+        f"{alpha.url}/ui/threads/{thread_id}/message",
+        data={"text": "urgent", "when": "now"},
+        cookies={"tether_token": alpha.token},
+        headers={"X-Tether-Fragment": "1"},
+        timeout=10,
+    )
+    assert sent.status_code == 200
+    wait_settled(alpha, thread_id)
+    runs = thread(alpha, thread_id)["runs"]
+    replies = [r["reply"] for r in sorted(runs[1:], key=lambda r: r["startedAt"])]
+    assert replies == ["heard urgent", "heard later"], replies
 
 
 # ---------------------------------------------------------------------- the live connection
