@@ -142,3 +142,30 @@ async def cursor_lag(link: Peer, timeout: float = TIMEOUT) -> int | None:
     except (httpx.HTTPError, TimeoutError):
         return None
     return count
+
+
+#: Why a linked child's task failed (task id → error), as its environment reads it: a
+#: failed task never changes, so each is asked once.
+_FAILURES: dict[str, str] = {}
+
+
+async def fill_failures(env: Any, tasks: list[dict[str, Any]]) -> None:
+    """Add to each failed task of a linked child the reason its environment gives (the
+    record here mirrors the status and result text, not the child's error)."""
+    for task in tasks:
+        result = task.get("result") or {}
+        link = env.peers.peers.get(task.get("childEnvironmentId"))
+        if link is None or result.get("status") != "failed" or result.get("error"):
+            continue
+        if task["taskId"] not in _FAILURES:
+            if link.link.status != "ok":
+                continue  # asked again once the link is back, never waited on meanwhile
+            try:
+                found = await call(link, "GET", f"/api/tasks/{task['taskId']}")
+            except TetherError:
+                continue
+            error = (found.get("result") or {}).get("error")
+            if not error:
+                continue
+            _FAILURES[task["taskId"]] = error
+        task["result"] = {**result, "error": _FAILURES[task["taskId"]]}

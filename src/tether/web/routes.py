@@ -298,11 +298,12 @@ def _last_output_line(env: Environment, item_id: str) -> str | None:
     return lines[-1] if lines else None
 
 
-def _local_page(env: Environment, thread_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+async def _local_page(env: Environment, thread_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     view = env.queries.thread(ADMIN, thread_id)
     for item in view["background"]:
         if item["kind"] == "command" and not item.get("lastLine"):
             item["lastLine"] = _last_output_line(env, item["id"])
+    await remote.fill_failures(env, view["tasks"])
     return view, thread_model(view, context(env), _own_task(env, view))
 
 
@@ -313,7 +314,7 @@ async def thread_page(request: Request, thread_id: str) -> Response:
     env = environment(request)
     cursor = env.store.last_event_seq()
     try:
-        _, page = _local_page(env, thread_id)
+        _, page = await _local_page(env, thread_id)
     except NotFound as error:
         return _page(request, "message.html", "Not found", status=404, text=error.message)
     return _page(
@@ -519,7 +520,7 @@ async def _live_fragments(
         return found
     if view == "thread" and subject:
         try:
-            _, page = _local_page(env, subject)
+            _, page = await _local_page(env, subject)
         except NotFound:
             return []
         return thread_fragments(page, keys, **_local_context(subject))
@@ -633,8 +634,8 @@ def _active_runs(view: dict[str, Any]) -> list[str]:
     return [r["runId"] for r in view.get("runs") or [] if r["status"] in ("queued", "running")]
 
 
-def _thread_answer(request: Request, env: Environment, thread_id: str, notice: str) -> Response:
-    _, page = _local_page(env, thread_id)
+async def _thread_answer(request: Request, env: Environment, thread_id: str, notice: str) -> Response:
+    _, page = await _local_page(env, thread_id)
     return _answer(request, thread_fragments(page, None, **_local_context(thread_id)), notice)
 
 
@@ -656,7 +657,7 @@ async def send_message(request: Request, thread_id: str) -> Response:
         stopped = "; to start it now, " + _stopped_text(before, result["stoppedRuns"], [], context(env))
     sent = env.commands.post_message(ADMIN, thread_id, text, "auto" if when == "now" else "queue")
     notice = "Message sent: " + _sent_text(sent, env.queries.thread(ADMIN, thread_id)) + stopped + "."
-    return _thread_answer(request, env, thread_id, notice)
+    return await _thread_answer(request, env, thread_id, notice)
 
 
 def _sent_text(sent: dict[str, Any], after: dict[str, Any]) -> str:
@@ -678,7 +679,7 @@ async def stop_thread(request: Request, thread_id: str) -> Response:
     before = env.queries.thread(ADMIN, thread_id)
     result = await env.tools.thread_interrupt(ADMIN, thread_id, stop=everything)
     text = _stopped_text(before, result["stoppedRuns"], result["stoppedItems"], context(env))
-    return _thread_answer(request, env, thread_id, text[0].upper() + text[1:] + ".")
+    return await _thread_answer(request, env, thread_id, text[0].upper() + text[1:] + ".")
 
 
 @router.post("/ui/items/{item_id}/stop")
@@ -688,7 +689,7 @@ async def stop_item(request: Request, item_id: str) -> Response:
     thread_id = result["threadId"]
     view = env.queries.thread(ADMIN, thread_id)
     notice = _item_notice(result, _describe_items(view, [item_id], context(env))[0])
-    return _thread_answer(request, env, thread_id, notice)
+    return await _thread_answer(request, env, thread_id, notice)
 
 
 def _item_notice(result: dict[str, Any], what: str) -> str:
@@ -727,7 +728,7 @@ async def cancel_task(request: Request, task_id: str) -> Response:
     task, notice = await _cancel_local(env, task_id)
     parent = task["parentThreadId"]
     if task["parentEnvironmentId"] == env.environment_id:
-        return _thread_answer(request, env, parent, notice)
+        return await _thread_answer(request, env, parent, notice)
     return _answer(request, [], notice)
 
 
