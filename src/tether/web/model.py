@@ -538,6 +538,7 @@ def task_card(
         **deadline_fields(latest),
         "answers": answers,
         "latestStatus": latest["status"],
+        "cancelId": latest["taskId"],  # the open one: the task, or its open follow-up
         "error": next((a["error"] for a in reversed(answers) if a["error"]), None),
         "elapsed": elapsed(task["createdAt"], ended),
         "since": task["createdAt"] if latest["status"] in OPEN else None,
@@ -581,7 +582,7 @@ def background_rows(
     rows = []
     for item in view.get("background") or []:
         row = _item_fields(item, tasks, ctx)
-        running = row["status"] in OPEN or (item["status"] == "running" and item["kind"] != "task")
+        running = row["status"] in OPEN
         started, ended = row.pop("times")
         place = "background" if running else "background-ended"
         rows.append(
@@ -622,7 +623,8 @@ def _item_fields(
         line = _task_line(latest)
         if task is not None and latest is not None:
             times = (task["createdAt"], latest.get("completedAt") if status not in OPEN else None)
-        extra = deadline_fields(latest or {})
+        # a Stop ends the task the child works on now: the latest follow-up, if any
+        extra = {**deadline_fields(latest or {}), "cancelId": (latest or {}).get("taskId")}
     elif kind == "schedule":
         what = item.get("text") or "scheduled wake"
         target = ctx.name(ctx.source)

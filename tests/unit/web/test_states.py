@@ -90,3 +90,20 @@ def test_a_schedule_counts_down_and_ended_work_moves_out() -> None:
     assert schedule["until"] == "2026-01-01T00:10:00.000Z" and schedule["container"] == "background-thr_1"
     assert command["container"] == "background-ended-thr_1" and command["elapsed"] == "9 s"
     assert not command["stoppable"] and command["latest"] == "exit 0"
+
+
+def test_cancel_and_stop_aim_at_the_open_follow_up() -> None:
+    root = _task("tsk_1", "completed", "WAITING", title="suite", followUps=["tsk_2"])
+    follow = _task("tsk_2", "running", None, followUpOf="tsk_1")
+    card = model.task_card(root, [follow], CTX, "o", "thr_p")
+    assert card["open"] and card["cancelId"] == "tsk_2"
+    view = {
+        "threadId": "thr_p",
+        "tasks": [root, follow],
+        "background": [
+            {"id": "bg_1", "kind": "task", "status": "running", "taskId": "tsk_1", "label": "suite",
+             "startedAt": "2026-01-01T00:00:00.000Z"},
+        ],
+    }  # fmt: skip
+    (row,) = model.background_rows(view, CTX)
+    assert row["running"] and row["cancelId"] == "tsk_2" and row["status"] == "running"
