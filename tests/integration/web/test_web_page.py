@@ -65,6 +65,20 @@ def test_everything_but_signin_and_static_needs_the_token(pair: dict[str, Server
     assert refused.status_code == 403
 
 
+def test_stopping_an_unknown_item_is_a_404_that_changes_nothing(pair: dict[str, Server]) -> None:
+    alpha = pair["alpha"]
+    script = {"tether_script": 1, "rules": [{"on": "start", "do": [{"reply": "hi"}]}]}
+    thread_id = new_thread(alpha, script, "no items")
+    before = thread(alpha, thread_id)
+    with alpha.client() as client:
+        missing = client.post(f"/api/threads/{thread_id}/items/bg_nope/stop")
+        no_thread = client.post("/api/threads/thr_nope/items/bg_nope/stop")
+    assert missing.status_code == 404 and "bg_nope" in missing.json()["error"]["message"]
+    assert no_thread.status_code == 404
+    after = thread(alpha, thread_id)
+    assert (after["runs"], after["background"]) == (before["runs"], before["background"])
+
+
 # ---------------------------------------------------------------------- probe 1, remote child
 
 
