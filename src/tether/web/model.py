@@ -516,7 +516,6 @@ def answer_rows(task: Mapping[str, Any], follow_ups: list[Mapping[str, Any]]) ->
                 "text": result.get("text"),
                 "error": result.get("error"),
                 "interim": found.get("interim"),
-                "wake": (found.get("delivery") or {}).get("state"),
             }
         )
     return rows
@@ -556,19 +555,8 @@ def task_card(
         "environment": ctx.name(child_env),
         "remote": child_env != ctx.local,
         "childHref": ctx.thread_href(child_env, task.get("childThreadId")),
-        "result": (task.get("result") or {}).get("text"),
-        "interim": task.get("interim"),
         "progress": (task.get("progress") or [])[-1]["text"] if task.get("progress") else None,
-        "followUps": [
-            {
-                "taskId": f["taskId"],
-                "status": f["status"],
-                "result": (f.get("result") or {}).get("text"),
-                "interim": f.get("interim"),
-                "open": f["status"] in OPEN,
-            }
-            for f in follow_ups
-        ],
+        "followUps": len(follow_ups),
     }
 
 

@@ -240,7 +240,7 @@ def test_trigger_labels_and_folds(probe1: Probe1) -> None:
     assert all(e["worked"].startswith("worked for ") for e in runs)
     card = next(e for e in entries if e["kind"] == "task")
     assert entries.index(card) == 1  # right after the run that delegated it
-    assert card["result"] == "WAITING" and [f["result"] for f in card["followUps"]] == ["FINAL"]
+    assert [(a["as"], a["text"]) for a in card["answers"]] == [("result", "WAITING"), ("follow-up", "FINAL")]
     assert card["childHref"] == f"/threads/{probe1.child}"
     child = probe1.queries.thread(ADMIN, probe1.child)
     labels = [e["label"] for e in model.timeline(child, CTX) if e["kind"] == "run"]
