@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from tether.api.auth import caller, environment_dependency
 from tether.api.models import CreateThread, Credentials, Interrupt, PostMessage
 from tether.environment import Environment
-from tether.errors import Forbidden
+from tether.errors import Forbidden, NotFound
 from tether.types import Caller
 
 router = APIRouter(prefix="/api/threads", tags=["threads"])
@@ -76,6 +76,16 @@ async def wait_thread(
 @router.post("/{thread_id}/interrupt")
 async def interrupt(thread_id: str, who: Who, env: Env, body: Interrupt | None = None) -> dict[str, Any]:
     return env.commands.interrupt(who, thread_id, bool(body and body.stop))
+
+
+@router.post("/{thread_id}/items/{item_id}/stop")
+async def stop_item(thread_id: str, item_id: str, who: Who, env: Env) -> dict[str, Any]:
+    """Stop one background item of the thread: a command or monitor ends (its thread is
+    woken to learn it), a schedule will not fire, a task is cancelled."""
+    items = env.queries.thread(who, thread_id)["background"]  # 404 outside the caller's fence
+    if not any(item["id"] == item_id for item in items):
+        raise NotFound(f"no background item {item_id!r} in thread {thread_id}")
+    return env.commands.stop_item(who, item_id)
 
 
 @router.post("/{thread_id}/credentials")

@@ -33,10 +33,11 @@ class Queries:
             return {
                 **thread_summary(thread, self.environment_id),
                 **attention.summary(thread, runs, items, delegated),
+                "lastRun": last_run_view(attention.last_answer_run(runs)),
                 "runs": [run_view(r) for r in runs],
                 "messages": [message_view(m) for m in u.query(Message, thread_id=thread.id)],
                 "background": [item_view(i) for i in items],
-                "tasks": [task_view(t) for t in delegated],
+                "tasks": [_with_error(u, t) for t in delegated],
                 "ledger": ledger(delegated, runs),
                 "parkedEffects": [effect_view(row) for row in u.reader.parked(thread.id)],
             }
@@ -78,7 +79,7 @@ class Queries:
 
     def task(self, caller: Caller, task_id: str) -> dict[str, Any]:
         with self.commands.view() as u:
-            return task_view(self.commands.task_for(u, caller, task_id))
+            return _with_error(u, self.commands.task_for(u, caller, task_id))
 
     def tasks(
         self, caller: Caller, parent_thread_id: str | None = None, status: str | None = None
@@ -92,7 +93,7 @@ class Queries:
             found = []
             for task in u.query(Task, **where):
                 try:
-                    found.append(task_view(self.commands.task_for(u, caller, task.id)))
+                    found.append(_with_error(u, self.commands.task_for(u, caller, task.id)))
                 except NotFound:  # not visible to this caller
                     continue
             return found
@@ -132,7 +133,31 @@ def attention_fields(u: View, thread: Thread) -> dict[str, Any]:
         last = [attention.last_answer_run(u.query(Run, thread_id=thread.id))] if thread.run_count else []
     found = last[0] if last else None
     state = attention.attention(thread, active, items, open_tasks, found)
-    return {"attention": state, "attentionSince": attention.since(state, thread, active, items, found)}
+    return {
+        "attention": state,
+        "attentionSince": attention.since(state, thread, active, items, found),
+        "lastRun": last_run_view(found),
+    }
+
+
+def last_run_view(run: Run | None) -> dict[str, Any] | None:
+    """How the thread's last non-progress run went, for a person: its status, error and
+    trigger tell a failure (and why) from a stop by a person or a cut-off by a restart."""
+    if run is None:
+        return None
+    return {"runId": run.id, "status": run.status, "error": run.error, "trigger": run.kind}
+
+
+def _with_error(u: View, task: Task) -> dict[str, Any]:
+    """A task's view; a failed task's result also says why, from its child's failed run
+    (when the child is here: a linked child's task says what its environment says)."""
+    view = task_view(task)
+    result = view.get("result") or {}
+    if result.get("status") == "failed" and not result.get("error") and result.get("runId"):
+        run = u.load(Run, result["runId"])
+        if run is not None and run.error:
+            view["result"] = {**result, "error": run.error}
+    return view
 
 
 def _wait_answer(

@@ -110,18 +110,26 @@ def short(text: str | None, limit: int = 120) -> str:
 # ---------------------------------------------------------------------- threads list
 
 
-def thread_row(summary: Mapping[str, Any], ctx: Context, background: int | None = None) -> dict[str, Any]:
-    """One row of the threads list, from a thread summary (``GET /api/threads``)."""
+def thread_row(
+    summary: Mapping[str, Any],
+    ctx: Context,
+    background: int | None = None,
+    parent_title: str | None = None,
+) -> dict[str, Any]:
+    """One row of the threads list, from a thread summary (``GET /api/threads``). A child of
+    a thread here (whichever environment the child runs in) goes into its parent's row."""
     environment_id = summary.get("environmentId") or ctx.source
     local = environment_id == ctx.local
     thread_id = summary["threadId"]
     attention = summary.get("attention") or "settled"
     since = summary.get("attentionSince")
+    parent = summary.get("parentThreadId")
+    nested = bool(parent) and summary.get("parentEnvironmentId") == ctx.local
     return {
         "id": ("thread-" if local else "rthread-") + thread_id,
         "threadId": thread_id,
         "href": ctx.thread_href(environment_id, thread_id),
-        "title": summary.get("title") or "untitled",
+        "title": summary.get("title") or (f"task of “{parent_title}”" if parent_title else "untitled"),
         "provider": summary.get("provider"),
         "environment": ctx.name(environment_id),
         "local": local,
@@ -129,28 +137,53 @@ def thread_row(summary: Mapping[str, Any], ctx: Context, background: int | None 
         "since": since if attention in ("working", "waiting") else None,
         "status": summary.get("status"),
         "taskId": summary.get("taskId"),
-        "parent": summary.get("parentThreadId"),
-        "parentHref": ctx.thread_href(summary.get("parentEnvironmentId"), summary.get("parentThreadId")),
+        "parent": parent,
+        "parentTitle": parent_title,
+        "parentHref": ctx.thread_href(summary.get("parentEnvironmentId"), parent),
         "background": background,
         "order": summary.get("createdAt") or "",
-        "container": f"group-{attention}",
+        "container": f"kids-{parent}" if nested else f"group-{attention}",
+        "kidsId": f"kids-{thread_id}",
+        "kids": [],
+        "stale": summary.get("stale"),
+        **run_flags(summary, attention),
     }
 
 
 def group_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The groups in the order of what needs a person; rows newest first in each."""
+    """The groups in the order of what needs a person, each a list of trees: a thread with
+    the threads its tasks created inside it (oldest first), roots newest first. A child
+    whose parent is not in the list stands in its own group."""
+    rows = list(rows)
+    by_kids = {row["kidsId"]: row for row in rows}
     groups: dict[str, list[dict[str, Any]]] = {name: [] for name in ORDER}
-    for row in rows:
+    for row in sorted(rows, key=lambda r: r["order"]):
+        parent = by_kids.get(row["container"])
+        if parent is not None and parent is not row:
+            parent["kids"].append(row)
+            continue
+        row["container"] = f"group-{row['attention']}"
         groups.setdefault(row["attention"], []).append(row)
     return [
         {
             "name": name,
             "title": GROUP_TITLES.get(name, name),
             "hint": GROUP_HINTS.get(name, ""),
-            "rows": sorted(found, key=lambda r: r["order"], reverse=True),
+            "rows": found[::-1],
+            "open": name != "settled",
         }
         for name, found in groups.items()
     ]
+
+
+def run_flags(summary: Mapping[str, Any], attention: str) -> dict[str, Any]:
+    """What the thread's last answer run says beside its group: why it failed, or that it
+    was stopped or cut off by a restart (never a green "settled" alone)."""
+    last = summary.get("lastRun")
+    return {
+        "flags": thread_flags(last),
+        "failure": (last or {}).get("error") if attention == "failed" else None,
+    }
 
 
 # ---------------------------------------------------------------------- triggers
@@ -237,10 +270,16 @@ def _wake_label(task_ids: list[str], tasks: Mapping[str, Mapping[str, Any]]) -> 
 # ---------------------------------------------------------------------- a thread
 
 
+#: Lines (and progress replies) of a monitor shown in its group on the thread page; the
+#: rest are on the monitor's own page, so a thread page stays small however long it ran.
+RECENT_LINES = 20
+
+
 def timeline(view: Mapping[str, Any], ctx: Context, now: datetime | None = None) -> list[dict[str, Any]]:
     """A thread's timeline, oldest first: each run with the messages that started it (shown)
     and what it wrote (folded to "worked for N s"), and each task it delegated as a card
-    right after the run that delegated it, its follow-ups inside."""
+    right after the run that delegated it, its follow-ups inside. A monitor's progress runs
+    are one group, placed at its latest activity (:func:`monitor_entry`)."""
     messages = {m["messageId"]: m for m in view.get("messages") or []}
     items = {i["id"]: i for i in view.get("background") or []}
     tasks = {t["taskId"]: t for t in view.get("tasks") or []}
@@ -249,16 +288,22 @@ def timeline(view: Mapping[str, Any], ctx: Context, now: datetime | None = None)
     entries: list[dict[str, Any]] = []
     keys: dict[str, str] = {}
     by_run: dict[str, list[Mapping[str, Any]]] = {}
+    progress: dict[str, list[tuple[int, Mapping[str, Any]]]] = {}
     for message in messages.values():
         by_run.setdefault(message.get("runId") or "", []).append(message)
     for number, run in enumerate(runs, 1):
         inputs = [messages[m] for m in run["trigger"].get("messageIds") or [] if m in messages]
-        input_ids = {m["messageId"] for m in inputs}
-        outputs = [m for m in by_run.get(run["runId"], []) if m["messageId"] not in input_ids]
         key = f"{run['queuedAt']}|{number:06d}"
         keys[run["runId"]] = key
+        if run["trigger"].get("kind") == "monitor_event":
+            progress.setdefault(monitor_of(inputs), []).append((number, run))
+            continue
+        input_ids = {m["messageId"] for m in inputs}
+        outputs = [m for m in by_run.get(run["runId"], []) if m["messageId"] not in input_ids]
         entry = run_entry(run, inputs, outputs, messages, items, tasks, ctx, key, thread_id, now)
         entries.append({**entry, "number": number})
+    for item_id, group in progress.items():
+        entries.append(monitor_entry(item_id, group, messages, items, thread_id, keys[group[-1][1]["runId"]]))
     for message in by_run.get("", []):
         entries.append(
             {
@@ -277,6 +322,82 @@ def timeline(view: Mapping[str, Any], ctx: Context, now: datetime | None = None)
         entries.append(task_card(task, follow_ups, ctx, order, thread_id))
     entries.sort(key=lambda e: e["order"])
     return entries
+
+
+def monitor_of(inputs: Iterable[Mapping[str, Any]]) -> str:
+    """The monitor whose lines started a progress run ("" when its messages do not say)."""
+    found = ((m.get("source") or {}).get("itemId") for m in inputs)
+    return next((item_id for item_id in found if item_id), "")
+
+
+def monitor_log(
+    group: list[tuple[int, Mapping[str, Any]]], messages: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """A monitor's lines and the progress replies they drew, oldest first."""
+    log: list[dict[str, Any]] = []
+    for number, run in group:
+        for message_id in run["trigger"].get("messageIds") or []:
+            text = (messages.get(message_id) or {}).get("text") or ""
+            log += [{"kind": "line", "text": line} for line in text.splitlines()]
+        if run.get("reply") is not None:
+            log.append({"kind": "reply", "text": run["reply"], "number": number})
+    return log
+
+
+def monitor_entry(
+    item_id: str,
+    group: list[tuple[int, Mapping[str, Any]]],
+    messages: Mapping[str, Mapping[str, Any]],
+    items: Mapping[str, Mapping[str, Any]],
+    thread_id: str,
+    order: str,
+    limit: int | None = RECENT_LINES,
+) -> dict[str, Any]:
+    """Every progress run of one monitor, as one live group: its latest line and reply in
+    view, the last ``limit`` lines and replies in a fold, the rest on its own page."""
+    item = items.get(item_id) or {}
+    log = monitor_log(group, messages)
+    lines = [row for row in log if row["kind"] == "line"]
+    replies = [row for row in log if row["kind"] == "reply"]
+    last_number, last_run = group[-1]
+    active = last_run["status"] in OPEN
+    return {
+        "kind": "monitor",
+        "id": f"monitor-{item_id or thread_id}",
+        "itemId": item_id,
+        "order": order,
+        "container": f"timeline-{thread_id}",
+        "runIds": [run["runId"] for _, run in group],
+        "command": item.get("command") or item.get("label") or "a monitor",
+        "itemStatus": item.get("status"),
+        "running": item.get("status") == "running",
+        "persistent": item.get("persistent"),
+        "runs": len(group),
+        "lineCount": len(lines),
+        "latestLine": short(lines[-1]["text"], 200) if lines else None,
+        "latestReply": replies[-1]["text"] if replies else None,
+        "numbers": (group[0][0], last_number),
+        "active": active,
+        "activeStatus": last_run["status"] if active else None,
+        "failed": sum(1 for _, run in group if run["status"] == "failed"),
+        "shown": log if limit is None else log[-limit:],
+        "hidden": 0 if limit is None else max(0, len(log) - limit),
+        "since": item.get("startedAt"),
+    }
+
+
+def monitor_page(view: Mapping[str, Any], item_id: str) -> dict[str, Any] | None:
+    """One monitor's whole log (lines and progress replies), for its own page."""
+    messages = {m["messageId"]: m for m in view.get("messages") or []}
+    items = {i["id"]: i for i in view.get("background") or []}
+    group = []
+    for number, run in enumerate(view.get("runs") or [], 1):
+        inputs = [messages[m] for m in run["trigger"].get("messageIds") or [] if m in messages]
+        if run["trigger"].get("kind") == "monitor_event" and monitor_of(inputs) == item_id:
+            group.append((number, run))
+    if not group:
+        return None
+    return monitor_entry(item_id, group, messages, items, view["threadId"], "", limit=None)
 
 
 def _creating_run(task: Mapping[str, Any], runs: list[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -313,6 +434,7 @@ def run_entry(
     else:
         worked = "never started"
     reply = run.get("reply")
+    state, words = run_state(run)
     # The reply is shown outside the fold; an assistant message with the same text is not
     # shown twice.
     folded = [m for m in outputs if not (m.get("role") == "assistant" and m.get("text") == reply)]
@@ -329,12 +451,74 @@ def run_entry(
         "notifications": [m for m in inputs if m.get("role") != "user"],
         "folded": folded,
         "reply": reply,
-        "error": run.get("error"),
+        "error": run.get("error") if status == "failed" else None,
+        "why": run.get("error") if status in ("interrupted", "cancelled") else None,
         "status": status,
+        "state": state,
+        "stateWords": words,
         "worked": worked,
         "since": started or run.get("queuedAt") if status in OPEN else None,
         "progress": bool(run.get("progress")),
     }
+
+
+RESTARTED = "restarted"
+
+
+def run_state(run: Mapping[str, Any] | None) -> tuple[str, str]:
+    """A run's status for a person: a run cut off by a restart, or stopped on purpose, is
+    neither a failure nor a success (``(css class, words)``)."""
+    if run is None:
+        return "none", "no run yet"
+    status, error = run.get("status") or "", run.get("error") or ""
+    if status == "interrupted" and "restart" in error:
+        return RESTARTED, "interrupted by a restart"
+    if status == "interrupted":
+        return "stopped", "stopped"
+    return status, status
+
+
+def thread_flags(last_run: Mapping[str, Any] | None) -> list[dict[str, str]]:
+    """Badges a thread's last answer run earns beside its group: cut off by a restart,
+    stopped on purpose."""
+    if not last_run:
+        return []
+    state, words = run_state(last_run)
+    if state in (RESTARTED, "stopped"):
+        return [{"css": state, "words": words}]
+    if last_run.get("trigger") == "restart":
+        return [{"css": RESTARTED, "words": "resumed after a restart"}]
+    return []
+
+
+def deadline_fields(task: Mapping[str, Any]) -> dict[str, Any]:
+    """A task's deadline (SPEC §11), when the task view has one: ``deadlineAt`` for a
+    countdown while it is open, ``overdue`` once it passed."""
+    open_ = task.get("status") in OPEN
+    return {
+        "deadlineAt": task.get("deadlineAt") if open_ and not task.get("overdue") else None,
+        "overdue": bool(task.get("overdue")) and open_,
+    }
+
+
+def answer_rows(task: Mapping[str, Any], follow_ups: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The task's answers as its parent received them: the result, then each follow-up
+    (the one that carried the final answer last)."""
+    rows = []
+    for n, found in enumerate([task, *follow_ups]):
+        result = found.get("result") or {}
+        rows.append(
+            {
+                "taskId": found["taskId"],
+                "as": "result" if n == 0 else "follow-up",
+                "status": found["status"],
+                "open": found["status"] in OPEN,
+                "text": result.get("text"),
+                "error": result.get("error"),
+                "interim": found.get("interim"),
+            }
+        )
+    return rows
 
 
 def task_card(
@@ -347,7 +531,16 @@ def task_card(
     """A delegated task: the child's current or final status and result, and where it lives."""
     child_env = task.get("childEnvironmentId")
     latest = follow_ups[-1] if follow_ups else task
+    answers = answer_rows(task, follow_ups)
+    ended = latest.get("completedAt") if latest["status"] not in OPEN else None
     return {
+        **deadline_fields(latest),
+        "answers": answers,
+        "latestStatus": latest["status"],
+        "cancelId": latest["taskId"],  # the open one: the task, or its open follow-up
+        "error": next((a["error"] for a in reversed(answers) if a["error"]), None),
+        "elapsed": elapsed(task["createdAt"], ended),
+        "since": task["createdAt"] if latest["status"] in OPEN else None,
         "kind": "task",
         "id": f"task-{task['taskId']}",
         "order": order,
@@ -362,19 +555,8 @@ def task_card(
         "environment": ctx.name(child_env),
         "remote": child_env != ctx.local,
         "childHref": ctx.thread_href(child_env, task.get("childThreadId")),
-        "result": (task.get("result") or {}).get("text"),
-        "interim": task.get("interim"),
         "progress": (task.get("progress") or [])[-1]["text"] if task.get("progress") else None,
-        "followUps": [
-            {
-                "taskId": f["taskId"],
-                "status": f["status"],
-                "result": (f.get("result") or {}).get("text"),
-                "interim": f.get("interim"),
-                "open": f["status"] in OPEN,
-            }
-            for f in follow_ups
-        ],
+        "followUps": len(follow_ups),
     }
 
 
@@ -382,62 +564,95 @@ def background_rows(
     view: Mapping[str, Any], ctx: Context, now: datetime | None = None
 ) -> list[dict[str, Any]]:
     """Each command, monitor, schedule and task of the thread: what, where, status, how long,
-    its latest output or progress line, and whether it can be stopped."""
+    its latest output or progress line, and whether it can be stopped. Running work is in
+    ``background-{thread}``; ended work moves to the folded ``background-ended-{thread}``."""
     tasks = {t["taskId"]: t for t in view.get("tasks") or []}
     rows = []
     for item in view.get("background") or []:
-        task = tasks.get(item.get("taskId") or "")
-        kind = item["kind"]
-        if kind == "task":
-            what = item.get("label") or (task or {}).get("title") or item.get("taskId")
-            target = ctx.name(item.get("environmentId"))
-            status = (task or {}).get("status", item["status"])
-            latest = _task_line(task)
-        elif kind == "schedule":
-            what = item.get("text") or "scheduled wake"
-            target = ctx.name(ctx.source)
-            status = item["status"]
-            latest = f"due {item.get('dueAt')}" if item["status"] == "running" else item.get("reason")
-        else:
-            what = item.get("command") or item.get("label") or item["id"]
-            target = ctx.name(ctx.source)
-            status = item["status"]
-            latest = item.get("lastLine")
-            if item.get("exitCode") is not None and item["status"] != "running":
-                latest = f"exit {item['exitCode']}" + (f" · {latest}" if latest else "")
-            elif item.get("reason") and item["status"] != "running":
-                latest = item["reason"] + (f" · {latest}" if latest else "")
-        running = item["status"] == "running"
+        row = _item_fields(item, tasks, ctx)
+        running = row["status"] in OPEN
+        started, ended = row.pop("times")
+        place = "background" if running else "background-ended"
         rows.append(
             {
+                **row,
                 "id": f"item-{item['id']}",
                 "itemId": item["id"],
-                "container": f"background-{view['threadId']}",
+                "container": f"{place}-{view['threadId']}",
                 "order": f"{item['startedAt']}|{item['id']}",
-                "kind": kind,
+                "kind": item["kind"],
                 "label": item.get("label"),
-                "what": what,
-                "target": target,
-                "status": status,
                 "running": running,
                 "held": item.get("held"),
-                "startedAt": item["startedAt"],
-                "endedAt": item.get("endedAt"),
-                "elapsed": elapsed(item["startedAt"], item.get("endedAt"), now),
-                "latest": short(latest, 160),
+                "startedAt": started,
+                "endedAt": ended,
+                "elapsed": elapsed(started, ended, now),
                 "taskId": item.get("taskId"),
-                "stoppable": running and (kind == "task" or not ctx.remote),
+                "stoppable": running,
             }
         )
     return rows
 
 
+def _item_fields(
+    item: Mapping[str, Any], tasks: Mapping[str, Mapping[str, Any]], ctx: Context
+) -> dict[str, Any]:
+    """What a background row says about one item: a task by its latest answer and its own
+    times, a schedule by its countdown, a command or monitor by its last line or exit."""
+    kind, status = item["kind"], item["status"]
+    times = (item["startedAt"], item.get("endedAt"))
+    until = None
+    if kind == "task":
+        task = tasks.get(item.get("taskId") or "")
+        latest = _latest(task, tasks) if task else None
+        what = item.get("label") or (task or {}).get("title") or item.get("taskId")
+        target = ctx.name(item.get("environmentId"))
+        status = latest["status"] if latest else status
+        line = _task_line(latest)
+        if task is not None and latest is not None:
+            times = (task["createdAt"], latest.get("completedAt") if status not in OPEN else None)
+        # a Stop ends the task the child works on now: the latest follow-up, if any
+        extra = {**deadline_fields(latest or {}), "cancelId": (latest or {}).get("taskId")}
+    elif kind == "schedule":
+        what = item.get("text") or "scheduled wake"
+        target = ctx.name(ctx.source)
+        until = item.get("dueAt") if status == "running" else None
+        line = None if until else item.get("reason")
+        extra = {}
+    else:
+        what = item.get("command") or item.get("label") or item["id"]
+        target = ctx.name(ctx.source)
+        line = item.get("lastLine")
+        if item.get("exitCode") is not None and status != "running":
+            line = f"exit {item['exitCode']}" + (f" · {line}" if line else "")
+        elif item.get("reason") and status != "running":
+            line = item["reason"] + (f" · {line}" if line else "")
+        extra = {}
+    return {
+        **extra,
+        "what": what,
+        "target": target,
+        "status": status,
+        "latest": short(line, 160),
+        "until": until,
+        "times": times,
+    }
+
+
+def _latest(task: Mapping[str, Any], tasks: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The task's latest follow-up (or the task): the one whose answer the parent got last."""
+    follow_ups = [tasks[f] for f in task.get("followUps") or [] if f in tasks]
+    return follow_ups[-1] if follow_ups else task
+
+
 def _task_line(task: Mapping[str, Any] | None) -> str | None:
     if task is None:
         return None
-    result = (task.get("result") or {}).get("text")
-    if result is not None:
-        return result
+    result = task.get("result") or {}
+    if result.get("text") is not None:
+        return str(result["text"])
+    if result.get("error"):
+        return f"failed: {result['error']}"
     if task.get("progress"):
         return task["progress"][-1].get("text")
     return task.get("interim") or task.get("workState")
@@ -522,6 +737,7 @@ def thread_head(
         "running": any(r["status"] == "running" for r in active),
         "cancelled": view.get("cancelled"),
         "waitingFor": waiting_for if attention == "waiting" else [],
+        **run_flags(view, attention),
     }
 
 

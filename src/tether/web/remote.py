@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tether.errors import NotFound, TetherError, Unavailable
+from tether.ids import now
 from tether.peers.links import _error
 
 if TYPE_CHECKING:
@@ -40,28 +41,83 @@ async def call(link: Peer, method: str, path: str, timeout: float = TIMEOUT, **k
     return response.json()
 
 
+#: The threads each linked environment last showed us (environment id → thread id →
+#: summary, and when): an unreachable peer's threads stay on the page, marked stale,
+#: instead of vanishing behind one error line.
+_LAST_KNOWN: dict[str, dict[str, dict[str, Any]]] = {}
+_SEEN_AT: dict[str, str] = {}
+SUMMARY_FIELDS = (
+    "threadId", "environmentId", "provider", "model", "title", "status", "settled", "parentEnvironmentId",
+    "parentThreadId", "taskId", "cancelled", "createdAt", "attention", "attentionSince", "lastRun",
+)  # fmt: skip
+
+
+def _remember(environment_id: str, summaries: list[dict[str, Any]], complete: bool) -> None:
+    known = {} if complete else _LAST_KNOWN.setdefault(environment_id, {})
+    for summary in summaries:
+        known[summary["threadId"]] = {key: summary.get(key) for key in SUMMARY_FIELDS}
+    _LAST_KNOWN[environment_id] = known
+    if complete:
+        _SEEN_AT[environment_id] = now()
+
+
+def _stale(environment_id: str, summary: dict[str, Any], error: str) -> dict[str, Any]:
+    return {**summary, "stale": {"error": error, "seenAt": _SEEN_AT.get(environment_id)}}
+
+
 async def threads(link: Peer) -> list[dict[str, Any]]:
-    return list((await call(link, "GET", "/api/threads"))["threads"])
+    found = [
+        {**summary, "environmentId": summary.get("environmentId") or link.environment_id}
+        for summary in (await call(link, "GET", "/api/threads"))["threads"]
+    ]
+    _remember(link.environment_id, found, complete=True)
+    return found
+
+
+def _problem(link: Peer, error: BaseException) -> str:
+    message = error.message if isinstance(error, TetherError) else str(error)
+    return message if message.startswith(link.link.name) else f"{link.link.name}: {message}"
 
 
 async def all_threads(env: Any) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every linked environment's threads (as its fence shows them to us), and problems."""
+    """Every linked environment's threads (as its fence shows them to us), and problems:
+    a peer that does not answer is named, and its threads are the last ones it showed,
+    each marked stale."""
     links = list(env.peers.peers.values())
     answers = await asyncio.gather(*(threads(p) for p in links), return_exceptions=True)
     found: list[dict[str, Any]] = []
     problems: list[str] = []
     for link, answer in zip(links, answers, strict=True):
-        if isinstance(answer, BaseException):
-            message = answer.message if isinstance(answer, TetherError) else str(answer)
-            problems.append(f"{link.link.name}: {message}")
+        if not isinstance(answer, BaseException):
+            found += answer
             continue
-        for summary in answer:
-            found.append({**summary, "environmentId": summary.get("environmentId") or link.environment_id})
+        problem = _problem(link, answer)
+        known = _LAST_KNOWN.get(link.environment_id, {})
+        seen = f"; its {len(known)} threads are shown as last seen at {_SEEN_AT[link.environment_id]}"
+        problems.append(problem + (seen if known else ""))
+        found += [_stale(link.environment_id, summary, problem) for summary in known.values()]
     return found, problems
 
 
 async def thread(link: Peer, thread_id: str) -> dict[str, Any]:
-    return dict(await call(link, "GET", f"/api/threads/{thread_id}"))
+    found = dict(await call(link, "GET", f"/api/threads/{thread_id}"))
+    _remember(link.environment_id, [{**found, "environmentId": link.environment_id}], complete=False)
+    return found
+
+
+async def thread_summary(link: Peer, thread_id: str) -> dict[str, Any]:
+    """A linked thread's row: read now, or — when the read fails — the last one seen,
+    marked stale with the error (a failed read is shown, never dropped)."""
+    try:
+        found = await thread(link, thread_id)
+    except TetherError as error:
+        known = _LAST_KNOWN.get(link.environment_id, {}).get(thread_id) or {
+            "threadId": thread_id,
+            "environmentId": link.environment_id,
+            "title": None,
+        }
+        return _stale(link.environment_id, known, _problem(link, error))
+    return {**found, "environmentId": link.environment_id}
 
 
 async def cursor_lag(link: Peer, timeout: float = TIMEOUT) -> int | None:
@@ -86,3 +142,30 @@ async def cursor_lag(link: Peer, timeout: float = TIMEOUT) -> int | None:
     except (httpx.HTTPError, TimeoutError):
         return None
     return count
+
+
+#: Why a linked child's task failed (task id → error), as its environment reads it: a
+#: failed task never changes, so each is asked once.
+_FAILURES: dict[str, str] = {}
+
+
+async def fill_failures(env: Any, tasks: list[dict[str, Any]]) -> None:
+    """Add to each failed task of a linked child the reason its environment gives (the
+    record here mirrors the status and result text, not the child's error)."""
+    for task in tasks:
+        result = task.get("result") or {}
+        link = env.peers.peers.get(task.get("childEnvironmentId"))
+        if link is None or result.get("status") != "failed" or result.get("error"):
+            continue
+        if task["taskId"] not in _FAILURES:
+            if link.link.status != "ok":
+                continue  # asked again once the link is back, never waited on meanwhile
+            try:
+                found = await call(link, "GET", f"/api/tasks/{task['taskId']}")
+            except TetherError:
+                continue
+            error = (found.get("result") or {}).get("error")
+            if not error:
+                continue
+            _FAILURES[task["taskId"]] = error
+        task["result"] = {**result, "error": _FAILURES[task["taskId"]]}

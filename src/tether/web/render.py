@@ -61,12 +61,14 @@ def thread_fragments(
         found.append(fragment("partials/thread_head.html", head["id"], None, None, head=head, **context))
     for entry in page["entries"]:
         if entry["kind"] == "run":
-            key = ("run", entry["run"]["runId"])
+            entry_keys = [("run", entry["run"]["runId"])]
         elif entry["kind"] == "task":
-            key = ("task", entry["task"]["taskId"])
+            entry_keys = [("task", entry["task"]["taskId"])]
+        elif entry["kind"] == "monitor":
+            entry_keys = [("item", entry["itemId"])] + [("run", run_id) for run_id in entry["runIds"]]
         else:
             continue
-        if wanted(key):
+        if any(wanted(key) for key in entry_keys):
             found.append(
                 fragment(
                     "partials/entry.html",

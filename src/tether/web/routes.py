@@ -47,7 +47,11 @@ router = APIRouter(include_in_schema=False)
 COOKIE = "tether_token"
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE = 15.0
-LINKS_REFRESH = 3.0
+#: How often the environments page looks at its links' own state (reachability, last
+#: error, cursor: kept by each link's follower), whatever the event feed does.
+LINK_WATCH = 0.5
+#: How often it re-measures each link's cursor lag (a read of the peer's feed) unchanged.
+LAG_REFRESH = 10.0
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".png": "image/png", ".svg": "image/svg+xml"}
 
 
@@ -191,9 +195,9 @@ async def ping(request: Request) -> Response:
 
 
 def _summary(env: Environment) -> dict[str, Any]:
-    with env.store.transaction() as tx:
-        threads = tx.count(Thread)
-        background = tx.count(Item, status="running")
+    with env.store.read() as reader:
+        threads = reader.count(Thread)
+        background = reader.count(Item, status="running")
     return {
         "environment": env.name,
         "threads": threads,
@@ -203,19 +207,28 @@ def _summary(env: Environment) -> dict[str, Any]:
 
 
 def _background_counts(env: Environment) -> Counter[str]:
-    with env.store.transaction() as tx:
-        return Counter(item.thread_id for item in tx.find(Item, status="running"))
+    with env.store.read() as reader:
+        return Counter(item.thread_id for item in reader.find(Item, status="running"))
 
 
 def _local_row(env: Environment, ctx: model.Context, thread_id: str) -> dict[str, Any] | None:
     """One thread's row, read as ``GET /api/threads`` reads it (the same attention)."""
-    with env.commands.unit() as u:
+    with env.commands.view() as u:
         thread = u.load(Thread, thread_id)
         if thread is None:
             return None
         summary = {**thread_summary(thread, env.environment_id), **attention_fields(u, thread)}
         running = len(u.query(Item, thread_id=thread_id, status="running"))
-    return model.thread_row(summary, ctx, running)
+    return model.thread_row(summary, ctx, running, _parent_title(env, summary))
+
+
+def _parent_title(env: Environment, summary: dict[str, Any]) -> str | None:
+    """The title of a row's parent thread, when that parent is here."""
+    if not summary.get("parentThreadId") or summary.get("parentEnvironmentId") != env.environment_id:
+        return None
+    with env.store.read() as reader:
+        parent = reader.get(Thread, summary["parentThreadId"])
+    return (parent.title or "untitled") if parent is not None else None
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -226,9 +239,13 @@ async def threads_page(request: Request) -> Response:
     cursor = env.store.last_event_seq()  # before reading: nothing after it is missed
     ctx = context(env)
     counts = _background_counts(env)
-    rows = [model.thread_row(t, ctx, counts.get(t["threadId"], 0)) for t in env.queries.threads(ADMIN)]
+    local = env.queries.threads(ADMIN)
+    titles = {t["threadId"]: t.get("title") or "untitled" for t in local}
     found, problems = await remote.all_threads(env)
-    rows += [model.thread_row(t, ctx) for t in found]
+    rows = [
+        model.thread_row(t, ctx, counts.get(t["threadId"]), titles.get(t.get("parentThreadId") or ""))
+        for t in local + found
+    ]
     return _page(
         request,
         "threads.html",
@@ -255,7 +272,7 @@ def _remote_context(environment_id: str, thread_id: str) -> dict[str, Any]:
     return {
         "actions": f"/ui/env/{environment_id}/threads/{thread_id}",
         "task_actions": f"/ui/env/{environment_id}/tasks",
-        "item_actions": f"/ui/env/{environment_id}/items",
+        "item_actions": f"/ui/env/{environment_id}/threads/{thread_id}/items",
         "here": f"/env/{environment_id}/threads/{thread_id}",
     }
 
@@ -281,11 +298,12 @@ def _last_output_line(env: Environment, item_id: str) -> str | None:
     return lines[-1] if lines else None
 
 
-def _local_page(env: Environment, thread_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+async def _local_page(env: Environment, thread_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     view = env.queries.thread(ADMIN, thread_id)
     for item in view["background"]:
         if item["kind"] == "command" and not item.get("lastLine"):
             item["lastLine"] = _last_output_line(env, item["id"])
+    await remote.fill_failures(env, view["tasks"])
     return view, thread_model(view, context(env), _own_task(env, view))
 
 
@@ -296,7 +314,7 @@ async def thread_page(request: Request, thread_id: str) -> Response:
     env = environment(request)
     cursor = env.store.last_event_seq()
     try:
-        _, page = _local_page(env, thread_id)
+        _, page = await _local_page(env, thread_id)
     except NotFound as error:
         return _page(request, "message.html", "Not found", status=404, text=error.message)
     return _page(
@@ -347,6 +365,44 @@ async def remote_thread_page(request: Request, environment_id: str, thread_id: s
     )
 
 
+def _monitor_answer(request: Request, view: dict[str, Any], item_id: str, back: str) -> HTMLResponse:
+    entry = model.monitor_page(view, item_id)
+    if entry is None:
+        text = f"no monitor output {item_id!r} here"
+        return _page(request, "message.html", "Not found", status=404, text=text)
+    title = view.get("title") or "untitled"
+    return _page(
+        request, "monitor_page.html", f"Monitor of {title}", entry=entry, back=back, thread_title=title
+    )
+
+
+@router.get("/threads/{thread_id}/monitors/{item_id}", response_class=HTMLResponse)
+async def monitor_page(request: Request, thread_id: str, item_id: str) -> Response:
+    """Every line a monitor printed and every progress reply it drew (the thread page
+    shows only the latest ones)."""
+    if not signed_in(request):
+        return _to_signin(request)
+    try:
+        view = environment(request).queries.thread(ADMIN, thread_id)
+    except NotFound as error:
+        return _page(request, "message.html", "Not found", status=404, text=error.message)
+    return _monitor_answer(request, view, item_id, f"/threads/{thread_id}")
+
+
+@router.get("/env/{environment_id}/threads/{thread_id}/monitors/{item_id}", response_class=HTMLResponse)
+async def remote_monitor_page(
+    request: Request, environment_id: str, thread_id: str, item_id: str
+) -> Response:
+    if not signed_in(request):
+        return _to_signin(request)
+    try:
+        view = await remote.thread(remote.peer(environment(request), environment_id), thread_id)
+    except TetherError as error:
+        status = error.status if error.status < 500 else 502
+        return _page(request, "message.html", "Not reachable", status=status, text=error.message)
+    return _monitor_answer(request, view, item_id, f"/env/{environment_id}/threads/{thread_id}")
+
+
 # ---------------------------------------------------------------------- environments
 
 
@@ -364,6 +420,26 @@ async def _links(env: Environment) -> list[dict[str, Any]]:
     peers = list(env.peers.peers.values())
     lags = await asyncio.gather(*(remote.cursor_lag(p) for p in peers))
     return [{**peer.view(), "lag": lag} for peer, lag in zip(peers, lags, strict=True)]
+
+
+class LinkWatch:
+    """The environments page's view of its links: each link's own state is read every
+    ``LINK_WATCH`` seconds and the rows are sent when it changed (a link going down or
+    coming back shows at once, even while a busy feed never leaves the page idle); the
+    cursor lag, a read of the peer's feed, is measured again when the state changed or
+    every ``LAG_REFRESH`` seconds."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, ...]] | None = None
+        self.measured = 0.0
+
+    async def changed(self, env: Environment) -> list[dict[str, Any]]:
+        state = [tuple(peer.view().values()) for peer in env.peers.peers.values()]
+        clock = asyncio.get_running_loop().time()
+        if state == self.seen and clock - self.measured < LAG_REFRESH:
+            return []
+        self.seen, self.measured = state, clock
+        return [_link_fragment(link) for link in await _links(env)]
 
 
 def _link_fragment(link: dict[str, Any]) -> dict[str, Any]:
@@ -435,11 +511,8 @@ async def _live_fragments(
                 if row is not None:
                     found.append(row_fragment(row))
             elif key[0] == "remote-row" and key[1] in env.peers.peers:
-                try:
-                    view_of = await remote.thread(remote.peer(env, key[1]), key[2])
-                except TetherError:
-                    continue
-                found.append(row_fragment(model.thread_row(view_of, ctx)))
+                summary = await remote.thread_summary(remote.peer(env, key[1]), key[2])
+                found.append(row_fragment(model.thread_row(summary, ctx, None, _parent_title(env, summary))))
             elif key[0] == "summary":
                 found.append(
                     make_fragment("partials/summary.html", "env-summary", None, None, summary=_summary(env))
@@ -447,7 +520,7 @@ async def _live_fragments(
         return found
     if view == "thread" and subject:
         try:
-            _, page = _local_page(env, subject)
+            _, page = await _local_page(env, subject)
         except NotFound:
             return []
         return thread_fragments(page, keys, **_local_context(subject))
@@ -480,6 +553,7 @@ async def live(
     cursor = _live_cursor(env, after, request.headers.get("last-event-id"))
     past_end = cursor > env.store.last_event_seq()
     local = env.environment_id
+    links_watch = LinkWatch()
 
     async def stream() -> Any:
         nonlocal cursor
@@ -489,6 +563,9 @@ async def live(
             return
         yield _frame("fragments", cursor, {"fragments": []})
         while not await request.is_disconnected():
+            links = await links_watch.changed(env) if view == "environments" else []
+            if links:
+                yield _frame("fragments", cursor, {"fragments": links})
             batch = env.store.events_after(cursor, 500)
             if batch:
                 events = [event_json(e, local) for e in batch]
@@ -500,16 +577,11 @@ async def live(
                 yield _frame("fragments", cursor, {"fragments": fragments})
                 continue
             seen = cursor
-            timeout = LINKS_REFRESH if view == "environments" else KEEPALIVE
+            timeout = LINK_WATCH if view == "environments" else KEEPALIVE
             woke = await env.runtime.notifier.wait_until(
                 ["events"], lambda seen=seen: True if env.store.last_event_seq() > seen else None, timeout
             )
-            if woke is not None:
-                continue
-            if view == "environments":
-                links = [_link_fragment(link) for link in await _links(env)]
-                yield _frame("fragments", cursor, {"fragments": links})
-            else:
+            if woke is None and view != "environments":
                 yield ": keepalive\n\n"
 
     return StreamingResponse(
@@ -562,8 +634,8 @@ def _active_runs(view: dict[str, Any]) -> list[str]:
     return [r["runId"] for r in view.get("runs") or [] if r["status"] in ("queued", "running")]
 
 
-def _thread_answer(request: Request, env: Environment, thread_id: str, notice: str) -> Response:
-    _, page = _local_page(env, thread_id)
+async def _thread_answer(request: Request, env: Environment, thread_id: str, notice: str) -> Response:
+    _, page = await _local_page(env, thread_id)
     return _answer(request, thread_fragments(page, None, **_local_context(thread_id)), notice)
 
 
@@ -584,10 +656,19 @@ async def send_message(request: Request, thread_id: str) -> Response:
         result = await env.tools.thread_interrupt(ADMIN, thread_id)
         stopped = "; to start it now, " + _stopped_text(before, result["stoppedRuns"], [], context(env))
     sent = env.commands.post_message(ADMIN, thread_id, text, "auto" if when == "now" else "queue")
-    after = env.queries.thread(ADMIN, thread_id)
-    number = _run_numbers(after).get(sent["runId"], "?")
-    how = "it started run" if sent["delivery"] == "started" else "it is queued as run"
-    return _thread_answer(request, env, thread_id, f"Message sent: {how} #{number}{stopped}.")
+    notice = "Message sent: " + _sent_text(sent, env.queries.thread(ADMIN, thread_id)) + stopped + "."
+    return await _thread_answer(request, env, thread_id, notice)
+
+
+def _sent_text(sent: dict[str, Any], after: dict[str, Any]) -> str:
+    """Which run a sent message started or joined, by its number on the page."""
+    numbers = _run_numbers(after)
+    number = numbers.get(sent["runId"], 0)
+    if sent["delivery"] == "started":
+        return f"it started run #{number}"
+    ahead = [numbers[run_id] for run_id in _active_runs(after) if numbers[run_id] < number]
+    waits = f" behind run{'s' if len(ahead) != 1 else ''} #{', #'.join(map(str, ahead))}" if ahead else ""
+    return f"it is queued as run #{number}{waits}"
 
 
 @router.post("/ui/threads/{thread_id}/stop")
@@ -598,7 +679,7 @@ async def stop_thread(request: Request, thread_id: str) -> Response:
     before = env.queries.thread(ADMIN, thread_id)
     result = await env.tools.thread_interrupt(ADMIN, thread_id, stop=everything)
     text = _stopped_text(before, result["stoppedRuns"], result["stoppedItems"], context(env))
-    return _thread_answer(request, env, thread_id, text[0].upper() + text[1:] + ".")
+    return await _thread_answer(request, env, thread_id, text[0].upper() + text[1:] + ".")
 
 
 @router.post("/ui/items/{item_id}/stop")
@@ -607,16 +688,18 @@ async def stop_item(request: Request, item_id: str) -> Response:
     result = env.commands.stop_item(ADMIN, item_id)
     thread_id = result["threadId"]
     view = env.queries.thread(ADMIN, thread_id)
-    what = _describe_items(view, [item_id], context(env))[0]
+    notice = _item_notice(result, _describe_items(view, [item_id], context(env))[0])
+    return await _thread_answer(request, env, thread_id, notice)
+
+
+def _item_notice(result: dict[str, Any], what: str) -> str:
     if not result["stopped"]:
-        notice = f"The {what} had already ended: nothing was stopped."
-    elif result["kind"] == "task":
-        notice = f"Cancelled {what}."
-    elif result["kind"] == "schedule":
-        notice = f"Stopped {what}: it will not fire."
-    else:
-        notice = f"Stopped {what}; the thread is woken to learn that it ended."
-    return _thread_answer(request, env, thread_id, notice)
+        return f"The {what} had already ended: nothing was stopped."
+    if result["kind"] == "task":
+        return f"Cancelled {what}."
+    if result["kind"] == "schedule":
+        return f"Stopped {what}: it will not fire."
+    return f"Stopped {what}; the thread is woken to learn that it ended."
 
 
 async def _cancel_local(env: Environment, task_id: str) -> tuple[dict[str, Any], str]:
@@ -645,7 +728,7 @@ async def cancel_task(request: Request, task_id: str) -> Response:
     task, notice = await _cancel_local(env, task_id)
     parent = task["parentThreadId"]
     if task["parentEnvironmentId"] == env.environment_id:
-        return _thread_answer(request, env, parent, notice)
+        return await _thread_answer(request, env, parent, notice)
     return _answer(request, [], notice)
 
 
@@ -683,10 +766,22 @@ async def send_remote(request: Request, environment_id: str, thread_id: str) -> 
     sent = await remote.call(
         link, "POST", f"/api/threads/{thread_id}/messages", json={"text": text, "mode": mode}
     )
-    how = "it started a run" if sent["delivery"] == "started" else "it is queued"
+    how = _sent_text(sent, await remote.thread(link, thread_id))
     return await _remote_answer(
         request, env, environment_id, thread_id, f"Message sent to {link.link.name}: {how}{stopped}."
     )
+
+
+@router.post("/ui/env/{environment_id}/threads/{thread_id}/items/{item_id}/stop")
+async def stop_remote_item(request: Request, environment_id: str, thread_id: str, item_id: str) -> Response:
+    """Stop a command, monitor or schedule of a thread in a linked environment."""
+    env = _guard(request)
+    link = remote.peer(env, environment_id)
+    before = await remote.thread(link, thread_id)
+    result = await remote.call(link, "POST", f"/api/threads/{thread_id}/items/{item_id}/stop")
+    what = _describe_items(before, [item_id], context(env, environment_id))[0]
+    notice = _item_notice(result, f"{what} in {link.link.name}")
+    return await _remote_answer(request, env, environment_id, thread_id, notice)
 
 
 @router.post("/ui/env/{environment_id}/threads/{thread_id}/stop")
@@ -752,6 +847,16 @@ async def revoke_link_token(request: Request, token_id: str) -> Response:
     )
 
 
+#: The command line's words in messages the page shows, and the page's own for them.
+_PAGE_WORDS = {"--insecure": "tick “Allow plain http to a public address”"}
+
+
+def _page_words(message: str) -> str:
+    for cli, page in _PAGE_WORDS.items():
+        message = message.replace(cli, page)
+    return message
+
+
 @router.post("/ui/links")
 async def add_link(request: Request) -> Response:
     env = _guard(request)
@@ -759,6 +864,12 @@ async def add_link(request: Request) -> Response:
     url, token = form.get("url", "").strip(), form.get("token", "").strip()
     if not url or not token:
         raise Invalid("a link needs the URL of the other environment and a link token minted there")
-    view = await env.peers.add(url, token, form.get("label", "").strip() or None, form.get("insecure") == "1")
+    try:
+        view = await env.peers.add(
+            url, token, form.get("label", "").strip() or None, form.get("insecure") == "1"
+        )
+    except TetherError as error:
+        error.message = _page_words(error.message)
+        raise
     link = {**view, "lag": None}
     return _answer(request, [_link_fragment(link)], f"Linked to {view['name']} ({view['status']}).")

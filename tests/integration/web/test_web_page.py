@@ -8,90 +8,29 @@ nothing missed and nothing doubled. Screenshots of the main views go to docs/scr
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from conftest import open_page
 from webkit import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
+    api,
     await_view,
-    chromium_or_skip,
     health,
-    link,
     new_thread,
     screenshot,
-    sign_in,
     thread,
     unique_ids,
     wait_settled,
+)
+from webkit import (
+    expect as webkit_expect,
 )
 
 from tether.launch import Server
 from tether.probes import child_script
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-WAIT_MS = 60_000
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
-    root: Path = tmp_path_factory.mktemp("web")
-    alpha, beta = Server(root / "alpha", "alpha"), Server(root / "beta", "beta")
-    with ThreadPoolExecutor(2) as pool:
-        for future in [pool.submit(alpha.start), pool.submit(beta.start)]:
-            future.result()
-    try:
-        link(alpha, beta)
-        yield {"alpha": alpha, "beta": beta}
-    finally:
-        for server in (alpha, beta):
-            server.stop()
-        for server in (alpha, beta):
-            for pid_file in (server.data / "proc").glob("*/pid"):
-                try:
-                    import os
-                    import signal
-
-                    os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    chromium_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        found = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield found
-        finally:
-            found.close()
-
-
-@pytest.fixture
-def page(browser: Any, pair: dict[str, Server]) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1200, "height": 860})
-    context.set_default_timeout(WAIT_MS)
-    found = context.new_page()
-    errors: list[str] = []
-    found.on("pageerror", lambda error: errors.append(str(error)))
-    sign_in(found, pair["alpha"])
-    yield found
-    context.close()
-    assert errors == [], errors
-
-
-def _expect() -> Any:
-    from playwright.sync_api import expect
-
-    expect.set_options(timeout=WAIT_MS)
-    return expect
 
 
 # ---------------------------------------------------------------------- access (no browser)
@@ -124,6 +63,20 @@ def test_everything_but_signin_and_static_needs_the_token(pair: dict[str, Server
         timeout=5,
     )
     assert refused.status_code == 403
+
+
+def test_stopping_an_unknown_item_is_a_404_that_changes_nothing(pair: dict[str, Server]) -> None:
+    alpha = pair["alpha"]
+    script = {"tether_script": 1, "rules": [{"on": "start", "do": [{"reply": "hi"}]}]}
+    thread_id = new_thread(alpha, script, "no items")
+    before = thread(alpha, thread_id)
+    with alpha.client() as client:
+        missing = client.post(f"/api/threads/{thread_id}/items/bg_nope/stop")
+        no_thread = client.post("/api/threads/thr_nope/items/bg_nope/stop")
+    assert missing.status_code == 404 and "bg_nope" in missing.json()["error"]["message"]
+    assert no_thread.status_code == 404
+    after = thread(alpha, thread_id)
+    assert (after["runs"], after["background"]) == (before["runs"], before["background"])
 
 
 # ---------------------------------------------------------------------- probe 1, remote child
@@ -159,7 +112,7 @@ _WATCH = """([headId, ledgerId]) => {
 
 
 def test_remote_probe_1_seen_live(page: Any, pair: dict[str, Server]) -> None:
-    expect = _expect()
+    expect = webkit_expect()
     alpha, beta = pair["alpha"], pair["beta"]
     beta_id = health(beta)["environmentId"]
     parent = new_thread(alpha, _probe_1_parent("beta", 3.0), "probe 1 (remote child)")
@@ -221,7 +174,7 @@ def test_remote_probe_1_seen_live(page: Any, pair: dict[str, Server]) -> None:
 
 
 def test_cancel_a_task_from_the_page(page: Any, pair: dict[str, Server]) -> None:
-    expect = _expect()
+    expect = webkit_expect()
     alpha = pair["alpha"]
     child = {
         "tether_script": 1,
@@ -257,7 +210,7 @@ def test_cancel_a_task_from_the_page(page: Any, pair: dict[str, Server]) -> None
     card = page.locator("li.task-card").first
     expect(page.locator(f"#background-{parent}")).to_contain_text("long job")
     card.get_by_role("button", name="Cancel task long job").click()
-    notice = page.locator("#notice")
+    notice = page.locator("li.task-card + li.notice-slot")  # right under the card
     expect(notice).to_contain_text("Cancelled task “long job”")
     expect(notice).to_contain_text("stopped command “sleep 60”")  # it says what it stopped
     expect(card).to_have_class(re.compile(r"\bst-cancelled\b"))
@@ -271,7 +224,7 @@ def test_cancel_a_task_from_the_page(page: Any, pair: dict[str, Server]) -> None
 
 
 def test_send_and_stop_say_what_they_stopped(page: Any, pair: dict[str, Server]) -> None:
-    expect = _expect()
+    expect = webkit_expect()
     alpha = pair["alpha"]
     script = {
         "tether_script": 1,
@@ -292,23 +245,58 @@ def test_send_and_stop_say_what_they_stopped(page: Any, pair: dict[str, Server])
     page.get_by_label("Message to this thread").fill("change of plan")
     page.get_by_label("Start now (stops the running run)").check()
     page.get_by_role("button", name="Send").click()
-    expect(page.locator("#notice")).to_contain_text("to start it now, stopped run #1")
+    expect(page.locator("form.send + .notice-slot")).to_contain_text("to start it now, stopped run #1")
     expect(page.locator(f"#timeline-{thread_id}")).to_contain_text("heard change of plan")
-    row = page.locator(f"#background-{thread_id} li").first
-    expect(row).to_contain_text("sleep 60")
+    first = page.locator(f"#timeline-{thread_id} > li.run").first
+    expect(first).to_have_class(re.compile(r"\bstate-stopped\b"))  # stopped on purpose:
+    expect(first.locator(".msg.error")).to_have_count(0)  # not a red error box
+    expect(page.locator(f"#background-{thread_id} li").first).to_contain_text("sleep 60")
+    row = page.locator("#" + str(page.locator(f"#background-{thread_id} li").first.get_attribute("id")))
     row.get_by_role("button", name=re.compile("^Stop monitor")).click()
-    expect(page.locator("#notice")).to_contain_text("Stopped monitor “sleep 60”")
+    expect(page.locator("li.item + li.notice-slot")).to_contain_text("Stopped monitor “sleep 60”")
     expect(row).to_have_class(re.compile(r"\bst-cancelled\b"))
+    expect(page.locator(f"#background-ended-{thread_id}")).to_contain_text("sleep 60")  # it left the list
     page.get_by_role("button", name="Stop the running run of this thread").click()
     said = re.compile("stopped run #|nothing was running", re.IGNORECASE)
-    expect(page.locator("#notice")).to_contain_text(said)
+    expect(page.locator(".stops form + .notice-slot")).to_contain_text(said)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the engine: the dispatcher starts the oldest queued run, so a message sent "
+    "'start now' waits behind an earlier queued one (see docs/web.md)",
+)
+def test_start_now_starts_before_an_earlier_queued_message(pair: dict[str, Server]) -> None:
+    alpha = pair["alpha"]
+    script = {
+        "tether_script": 1,
+        "rules": [
+            {"on": "start", "do": [{"sleep_ms": 30000}]},
+            {"on": "user", "repeat": True, "do": [{"reply": "heard {{text}}"}]},
+        ],
+    }
+    thread_id = new_thread(alpha, script, "start now")
+    await_view(alpha, thread_id, lambda v: v["runs"][0]["status"] == "running", "the first run")
+    api(alpha, "POST", f"/api/threads/{thread_id}/messages", json={"text": "later", "mode": "queue"})
+    sent = httpx.post(
+        f"{alpha.url}/ui/threads/{thread_id}/message",
+        data={"text": "urgent", "when": "now"},
+        cookies={"tether_token": alpha.token},
+        headers={"X-Tether-Fragment": "1"},
+        timeout=10,
+    )
+    assert sent.status_code == 200
+    wait_settled(alpha, thread_id)
+    runs = thread(alpha, thread_id)["runs"]
+    replies = [r["reply"] for r in sorted(runs[1:], key=lambda r: r["startedAt"])]
+    assert replies == ["heard urgent", "heard later"], replies
 
 
 # ---------------------------------------------------------------------- the live connection
 
 
 def test_drop_and_restore_misses_and_doubles_nothing(page: Any, pair: dict[str, Server]) -> None:
-    expect = _expect()
+    expect = webkit_expect()
     alpha = pair["alpha"]
     lines = "for i in 1 2 3 4 5; do sleep 0.3; echo line$i; done"
     script = {
@@ -327,17 +315,24 @@ def test_drop_and_restore_misses_and_doubles_nothing(page: Any, pair: dict[str, 
     page.evaluate("window.tetherLive.drop()")
     expect(status).to_have_attribute("data-state", "reconnecting")
     expect(status).to_have_text("disconnected")
-    seen_while_down = page.locator(f"#timeline-{thread_id} > li.run").count()
+    seen_while_down = page.locator(f"#timeline-{thread_id}").inner_text()
     wait_settled(alpha, thread_id)
     view = thread(alpha, thread_id)
-    assert len(view["runs"]) > seen_while_down  # the page really missed rows while down
+    answers = [r for r in view["runs"] if r["trigger"]["kind"] != "monitor_event"]
+    progress = [r for r in view["runs"] if r["trigger"]["kind"] == "monitor_event"]
+    assert progress and "printed 5 lines" not in seen_while_down  # the page missed lines while down
     page.evaluate("window.tetherLive.restore()")
     expect(status).to_have_attribute("data-state", "live")
     runs = page.locator(f"#timeline-{thread_id} > li.run")
-    expect(runs).to_have_count(len(view["runs"]))
+    expect(runs).to_have_count(len(answers))
     expect(page.locator(f"#head-{thread_id}")).to_have_class(re.compile(r"\batt-settled\b"))
-    ids = [f"run-{r['runId']}" for r in view["runs"]]
+    ids = [f"run-{r['runId']}" for r in answers]
     assert [runs.nth(n).get_attribute("id") for n in range(len(ids))] == ids
+    # the progress runs are one group, with every line
+    group = page.locator(f"#timeline-{thread_id} > li.monitor-group")
+    expect(group).to_have_count(1)
+    expect(group).to_contain_text("printed 5 lines")
+    expect(group).to_contain_text(f"{len(progress)} progress run")
     stale = page.locator(f"#timeline-{thread_id} li.st-running, #timeline-{thread_id} li.st-queued")
     assert stale.count() == 0
     expect(page.locator(f"#timeline-{thread_id}")).to_contain_text("DONE")
@@ -346,12 +341,13 @@ def test_drop_and_restore_misses_and_doubles_nothing(page: Any, pair: dict[str, 
     page.evaluate("window.tetherLive.restore(0)")
     expect(status).to_have_attribute("data-state", "live")
     page.wait_for_function(f"Number(window.tetherLive.cursor) >= {reached}")
-    expect(runs).to_have_count(len(view["runs"]))
+    expect(runs).to_have_count(len(answers))
+    expect(group).to_have_count(1)
     assert unique_ids(page) == []
 
 
 def test_environments_page(page: Any, pair: dict[str, Server]) -> None:
-    expect = _expect()
+    expect = webkit_expect()
     alpha, beta = pair["alpha"], pair["beta"]
     beta_id = health(beta)["environmentId"]
     page.goto(alpha.url + "/environments")
@@ -359,14 +355,48 @@ def test_environments_page(page: Any, pair: dict[str, Server]) -> None:
     expect(row).to_contain_text("beta")
     expect(row).to_contain_text("ok")
     expect(row).to_contain_text("0 events behind")
-    page.get_by_label("Label (who will use it)").fill("laptop")
+    label = page.get_by_label("Label (who will use it)")
+    label.fill("laptop")
     page.get_by_role("button", name="Create link token").click()
-    secret = page.get_by_label("Link token (shown once)")
+    # the shown-once token appears right under the form that made it, in view
+    secret = page.locator("form[action='/ui/link-tokens'] + .notice-slot").get_by_label(
+        "Link token (shown once)"
+    )
     expect(secret).to_have_value(re.compile(r"^ttl_"))
+    expect(secret).to_be_in_viewport()
+    expect(label).to_have_value("")  # not an invitation to mint a second one
     expect(page.locator("#tokens")).to_contain_text("laptop")
     screenshot(page, "environments.png")
-    # a phone: the thread list still reads
-    page.set_viewport_size({"width": 390, "height": 800})
-    page.goto(alpha.url + "/")
-    expect(page.locator("h1")).to_have_text("Threads")
-    screenshot(page, "threads-phone.png")
+    # errors in the page's words, not the command line's
+    page.get_by_label("URL of the other environment").fill("http://example.com:8765")
+    page.get_by_label("Link token minted there").fill("ttl_x")
+    page.get_by_role("button", name="Add link").click()
+    refused = page.locator("form[action='/ui/links'] + .notice-slot")
+    expect(refused).to_contain_text("Allow plain http to a public address")
+    expect(refused).not_to_contain_text("--insecure")
+
+
+@pytest.mark.parametrize("path", ["/", "/environments", "fleet"])
+def test_a_phone_shows_everything(browser: Any, pair: dict[str, Server], path: str) -> None:
+    """390 px wide: nothing runs off the screen (the ledger's Wake and Answer, the links'
+    columns), and the page does not scroll sideways."""
+    expect = webkit_expect()
+    alpha = pair["alpha"]
+    phone, errors = open_page(browser, alpha, width=390, height=800)
+    if path == "fleet":
+        parent = new_thread(alpha, _probe_1_parent("beta", 0.5), "phone parent")
+        wait_settled(alpha, parent)
+        path = f"/threads/{parent}"
+    phone.goto(alpha.url + path)
+    expect(phone.locator("h1").first).to_be_visible()
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    cells = phone.locator("main td, main button, main input, main a")
+    offscreen = cells.evaluate_all(
+        """(els) => els.filter(e => { const r = e.getBoundingClientRect();
+             return r.width > 0 && (r.right > 391 || r.left < -1); }).map(e => e.outerHTML.slice(0, 80))"""
+    )
+    assert offscreen == []
+    name = {"/": "threads-phone.png", "/environments": "environments-phone.png"}.get(path, "thread-phone.png")
+    screenshot(phone, name)
+    phone.context.close()
+    assert errors == []

@@ -37,6 +37,15 @@ SCREENSHOTS = (
     else Path(tempfile.gettempdir()) / "tether-screenshots"
 )
 TIMEOUT = 60.0
+WAIT_MS = 60_000
+
+
+def expect() -> Any:
+    """Playwright's ``expect``, waiting up to ``WAIT_MS`` for the DOM state it checks."""
+    from playwright.sync_api import expect as found
+
+    found.set_options(timeout=WAIT_MS)
+    return found
 
 
 def chromium_or_skip() -> None:

@@ -75,8 +75,54 @@ class Probe1:
         return [event_json(e, ENV) for e in self.store.events_after(0, 100_000)]
 
 
+class Monitor(Probe1):
+    """A thread whose persistent monitor prints in bursts: progress runs, some folding lines
+    while one runs, then the monitor's end. The monitor's group moves down the timeline
+    with each new progress run."""
+
+    def play(self) -> None:
+        made = self.commands.create_thread(ADMIN, "script", title="watcher", message="go")
+        self.parent = made["threadId"]
+        as_thread = Caller("thread", thread_id=self.parent, run_id=made["runId"])
+        item = self.commands.start_process(
+            as_thread, "monitor", "tail -f build.log", persistent=True, spawn=False
+        )
+        self.snap()
+        self.commands.end_run(made["runId"], "completed", "WATCHING")
+        self.snap()
+        for burst in range(4):
+            self.commands.monitor_output(item["id"], [f"line {burst}a", f"line {burst}b"], burst + 1)
+            self.snap()
+            if burst % 2:  # a second burst folds into the queued progress run
+                self.commands.monitor_output(item["id"], [f"line {burst}c"], burst + 1)
+                self.snap()
+            self.commands.end_run(self.running(self.parent), "completed", f"PROGRESS {burst}")
+            self.snap()
+        self.commands.post_message(ADMIN, self.parent, "how is it going?")  # queued behind it
+        self.snap()
+        for reply in ("PROGRESS 4", "going well"):
+            self.commands.end_run(self.running(self.parent), "completed", reply)
+            self.snap()
+        self.commands.monitor_output(item["id"], ["line 4a"], 5)  # the group moves below
+        self.snap()
+        self.commands.end_run(self.running(self.parent), "completed", "PROGRESS 5")
+        self.snap()
+        self.commands.process_ended(item["id"], 0)
+        self.snap()
+        self.commands.end_run(self.running(self.parent), "completed", "DONE")
+        self.snap()
+
+
+@pytest.fixture(params=[Probe1, Monitor], ids=["probe1", "monitor"])
+def probe(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Probe1]:
+    found = request.param(tmp_path / "tether.db")
+    found.play()
+    yield found
+    found.store.close()
+
+
 @pytest.fixture
-def probe(tmp_path: Path) -> Iterator[Probe1]:
+def probe1(tmp_path: Path) -> Iterator[Probe1]:
     found = Probe1(tmp_path / "tether.db")
     found.play()
     yield found
@@ -109,7 +155,11 @@ class Page:
             if "v" in fragment and self.version.get(key, -1) > fragment["v"]:
                 continue  # an older state never replaces a newer one
             self.version[key] = fragment.get("v", -1)
-            if key in self.html and (container is None or self.where[key] == container):
+            in_place = key in self.html and (
+                container is None
+                or (self.where[key] == container and (fragment["order"], key) in self.children[container])
+            )
+            if in_place:
                 self.html[key] = fragment["html"]
                 continue
             if container not in self.children:
@@ -139,7 +189,12 @@ def fragments_of(view: dict[str, Any], keys: set[tuple[str, ...]] | None) -> lis
 
 def containers(view: dict[str, Any]) -> set[str]:
     thread_id = view["threadId"]
-    return {f"timeline-{thread_id}", f"background-{thread_id}", f"ledger-{thread_id}"}
+    return {
+        f"timeline-{thread_id}",
+        f"background-{thread_id}",
+        f"background-ended-{thread_id}",
+        f"ledger-{thread_id}",
+    }
 
 
 def fresh(view: dict[str, Any]) -> Page:
@@ -163,18 +218,18 @@ def view_at(probe: Probe1, seq: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------- tests
 
 
-def test_the_parent_is_never_settled_before_final(probe: Probe1) -> None:
-    states = [view["attention"] for _, view in probe.snapshots]
+def test_the_parent_is_never_settled_before_final(probe1: Probe1) -> None:
+    states = [view["attention"] for _, view in probe1.snapshots]
     assert states == ["working", "working", "waiting", "working", "waiting", "waiting", "working", "settled"]
-    last = probe.snapshots[-1][1]
+    last = probe1.snapshots[-1][1]
     assert [(r["reachedAs"], r["resultText"]) for r in last["ledger"]] == [
         ("result", "WAITING"),
         ("follow-up", "FINAL"),
     ]
 
 
-def test_trigger_labels_and_folds(probe: Probe1) -> None:
-    view = probe.snapshots[-1][1]
+def test_trigger_labels_and_folds(probe1: Probe1) -> None:
+    view = probe1.snapshots[-1][1]
     entries = model.timeline(view, CTX)
     runs = [e for e in entries if e["kind"] == "run"]
     assert [e["label"] for e in runs] == [
@@ -185,9 +240,9 @@ def test_trigger_labels_and_folds(probe: Probe1) -> None:
     assert all(e["worked"].startswith("worked for ") for e in runs)
     card = next(e for e in entries if e["kind"] == "task")
     assert entries.index(card) == 1  # right after the run that delegated it
-    assert card["result"] == "WAITING" and [f["result"] for f in card["followUps"]] == ["FINAL"]
-    assert card["childHref"] == f"/threads/{probe.child}"
-    child = probe.queries.thread(ADMIN, probe.child)
+    assert [(a["as"], a["text"]) for a in card["answers"]] == [("result", "WAITING"), ("follow-up", "FINAL")]
+    assert card["childHref"] == f"/threads/{probe1.child}"
+    child = probe1.queries.thread(ADMIN, probe1.child)
     labels = [e["label"] for e in model.timeline(child, CTX) if e["kind"] == "run"]
     assert labels[1] == "woken: command `npm test` exited 0"
 
@@ -220,22 +275,22 @@ def test_live_batches_from_any_page_end_in_the_fresh_page(probe: Probe1, start: 
     assert page.shape() == fresh(final).shape()
 
 
-def test_affected_ignores_order_and_duplicates(probe: Probe1) -> None:
-    events = probe.events()
+def test_affected_ignores_order_and_duplicates(probe1: Probe1) -> None:
+    events = probe1.events()
     shuffled = events + events[::-1]
     random.Random(1).shuffle(shuffled)
-    for view, subject in (("thread", probe.parent), ("thread", probe.child), ("threads", None)):
+    for view, subject in (("thread", probe1.parent), ("thread", probe1.child), ("threads", None)):
         assert model.affected(shuffled, view, subject, ENV) == model.affected(events, view, subject, ENV)
-    keys = model.affected(events, "thread", probe.parent, ENV)
-    final = probe.snapshots[-1][1]
+    keys = model.affected(events, "thread", probe1.parent, ENV)
+    final = probe1.snapshots[-1][1]
     for run in final["runs"]:
         assert ("run", run["runId"]) in keys
     for task in final["tasks"]:
         assert ("ledger", task["taskId"]) in keys
-    assert ("task", probe.task) in keys and ("head",) in keys
+    assert ("task", probe1.task) in keys and ("head",) in keys
     assert {("item", i["id"]) for i in final["background"]} <= keys
     rows = model.affected(events, "threads", None, ENV)
-    assert {("row", probe.parent), ("row", probe.child), ("summary",)} <= rows
+    assert {("row", probe1.parent), ("row", probe1.child), ("summary",)} <= rows
 
 
 def test_a_remote_child_s_task_events_name_its_row_and_its_page() -> None:
@@ -278,9 +333,16 @@ def test_elapsed_words() -> None:
     assert model.elapsed(None) == ""
 
 
+def _row(thread_id: str, attention: str, created: str, parent: str | None = None, env: str = ENV) -> Any:
+    summary = {"threadId": thread_id, "attention": attention, "createdAt": created, "environmentId": env}
+    if parent:
+        summary |= {"parentThreadId": parent, "parentEnvironmentId": ENV}
+    return model.thread_row(summary, model.Context(ENV, "here", {"env_far": "far"}))
+
+
 def test_groups_in_the_order_of_what_needs_a_person() -> None:
     rows = [
-        {"attention": a, "order": o}
+        _row(f"thr_{o}", a, o)
         for a, o in (
             ("settled", "1"),
             ("working", "2"),
@@ -292,3 +354,76 @@ def test_groups_in_the_order_of_what_needs_a_person() -> None:
     groups = model.group_rows(rows)
     assert [g["name"] for g in groups] == ["needs_input", "working", "waiting", "failed", "settled"]
     assert [r["order"] for r in groups[1]["rows"]] == ["5", "2"]  # newest first
+    assert [g["open"] for g in groups] == [True, True, True, True, False]  # settled is folded
+
+
+def test_children_nest_under_their_parent_wherever_they_run() -> None:
+    parent = _row("thr_p", "waiting", "1")
+    here = _row("thr_a", "working", "2", parent="thr_p")
+    far = _row("thr_b", "failed", "3", parent="thr_p", env="env_far")
+    grandchild = _row("thr_c", "settled", "4", parent="thr_a")
+    orphan = _row("thr_d", "settled", "5", parent="thr_gone")
+    groups = {g["name"]: g["rows"] for g in model.group_rows([far, grandchild, orphan, here, parent])}
+    assert [r["threadId"] for r in groups["waiting"]] == ["thr_p"]
+    assert [r["threadId"] for r in parent["kids"]] == ["thr_a", "thr_b"]  # oldest first
+    assert [r["threadId"] for r in here["kids"]] == ["thr_c"]
+    assert far["container"] == "kids-thr_p" and far["id"] == "rthread-thr_b"
+    assert [r["threadId"] for r in groups["settled"]] == ["thr_d"]  # its parent is not listed
+    assert groups["failed"] == [] and groups["working"] == []
+
+
+def test_a_monitor_s_progress_runs_are_one_group_at_its_latest_line(tmp_path: Path) -> None:
+    play = Monitor(tmp_path / "tether.db")
+    try:
+        play.play()
+    finally:
+        play.store.close()
+    orders = []
+    for _, view in play.snapshots:
+        groups = [e for e in model.timeline(view, CTX) if e["kind"] == "monitor"]
+        assert len(groups) <= 1
+        orders += [g["order"] for g in groups]
+    assert len(set(orders)) == 6  # it moved with each of the 6 progress runs
+    final = play.snapshots[-1][1]
+    assert final["attention"] == "settled"
+    entries = model.timeline(final, CTX)
+    assert [e["kind"] for e in entries] == ["run", "run", "monitor", "run"]  # below the message
+    group = entries[2]
+    assert (group["runs"], group["lineCount"], group["latestReply"]) == (6, 11, "PROGRESS 5")
+    assert group["latestLine"] == "line 4a" and group["hidden"] == 0
+    messages = {m["messageId"]: m for m in final["messages"]}
+    progress = [(n, r) for n, r in enumerate(final["runs"], 1) if r["trigger"]["kind"] == "monitor_event"]
+    small = model.monitor_entry(group["itemId"], progress, messages, {}, play.parent, "o", limit=3)
+    assert [row["text"] for row in small["shown"]] == ["PROGRESS 4", "line 4a", "PROGRESS 5"]
+    assert small["hidden"] == 11 + 6 - 3  # 11 lines and 6 replies in all
+
+
+async def test_a_failed_read_of_a_linked_row_shows_the_last_one_seen() -> None:
+    """A peer that stops answering (here: nothing listens on its port) keeps its rows,
+    marked stale with the error, instead of dropping the update."""
+    import httpx
+
+    from tether.web import remote
+
+    class Link:  # what the page reads of a peer: its name, id and client
+        environment_id = "env_gone"
+        link = type("L", (), {"name": "gone", "status": "ok"})()
+        http = httpx.AsyncClient(base_url="http://127.0.0.1:9", timeout=1.0)
+
+    summary = {
+        "threadId": "thr_r",
+        "environmentId": "env_gone",
+        "title": "remote job",
+        "attention": "working",
+    }
+    remote._remember("env_gone", [summary], complete=True)
+    try:
+        found = await remote.thread_summary(Link(), "thr_r")  # type: ignore[arg-type]
+        unknown = await remote.thread_summary(Link(), "thr_new")  # type: ignore[arg-type]
+    finally:
+        await Link.http.aclose()
+    assert found["title"] == "remote job" and found["attention"] == "working"
+    assert "gone is unreachable" in found["stale"]["error"] and found["stale"]["seenAt"]
+    row = model.thread_row(found, model.Context(ENV, "here", {"env_gone": "gone"}))
+    assert row["stale"] and row["id"] == "rthread-thr_r"
+    assert unknown["stale"] and unknown["threadId"] == "thr_new"

@@ -49,6 +49,15 @@
     if (old.tagName === "DETAILS" && old.open) node.open = true;
   }
 
+  function adopt(old, node) {
+    // A row re-rendered alone keeps what other fragments put inside it (its child
+    // threads): each [data-keep] element's children move over to its twin.
+    for (const kept of old.querySelectorAll("[data-keep][id]")) {
+      const twin = node.querySelector("#" + CSS.escape(kept.id));
+      if (twin) twin.replaceChildren(...kept.children);
+    }
+  }
+
   function apply(message) {
     for (const fragment of message.fragments || []) {
       const template = document.createElement("template");
@@ -63,11 +72,20 @@
         node.dataset.v = String(fragment.v);
       }
       const container = fragment.container ? document.getElementById(fragment.container) : null;
-      if (old && (!fragment.container || old.parentElement === container)) {
+      const inPlace = old && (!fragment.container ||
+        (old.parentElement === container && old.dataset.order === node.dataset.order));
+      if (inPlace) {
         keepOpen(old, node);
+        adopt(old, node);
         old.replaceWith(node);
       } else if (container) {
-        if (old) old.remove();
+        // New, or moved: to another container, or to another place in its own (a
+        // monitor's group follows its latest line).
+        if (old) {
+          keepOpen(old, node);
+          adopt(old, node);
+          old.remove();
+        }
         insertSorted(container, node);
       } else if (old && !container) {
         old.replaceWith(node);
@@ -75,7 +93,35 @@
     }
     counts();
     tick();
+    filter();
   }
+
+  // ------------------------------------------------------------------ search
+
+  const search = document.querySelector("input[data-filter]");
+
+  function filter() {
+    // Rows whose text (title, id, environment, state) has the query, with the rows they
+    // sit in; every group and child list opens while a query is typed.
+    if (!search) return;
+    const query = search.value.trim().toLowerCase();
+    const rows = document.querySelectorAll(search.dataset.filter);
+    for (const row of rows) row.hidden = false;
+    if (!query) return;
+    for (const row of rows) {
+      const own = row.querySelector(":scope > .line");
+      row.hidden = !(own && own.textContent.toLowerCase().includes(query));
+    }
+    for (const row of rows) {
+      if (row.hidden) continue;
+      for (let up = row.parentElement; up; up = up.parentElement) {
+        if (up.matches && up.matches(search.dataset.filter)) up.hidden = false;
+        if (up.tagName === "DETAILS") up.open = true;
+      }
+    }
+  }
+
+  if (search) search.addEventListener("input", filter);
 
   function counts() {
     for (const count of document.querySelectorAll("[data-count-for]")) {
@@ -84,10 +130,47 @@
     }
   }
 
-  function showNotice(html, isError) {
-    if (!notice) return;
-    notice.innerHTML = html;
-    if (isError) notice.firstElementChild && notice.firstElementChild.classList.add("error");
+  function anchorOf(form) {
+    // What a notice follows: the row or card holding the form (found again by its id once
+    // the answer re-rendered it), or the form itself.
+    const holder = form.closest("li[id], tr[id]");
+    return holder ? holder.id : form;
+  }
+
+  function slotFor(anchor) {
+    // A notice sits right after what caused it, where the person is looking (a fold
+    // holding it opens). One notice at a time.
+    if (typeof anchor === "string") anchor = document.getElementById(anchor);
+    if (!anchor || !anchor.isConnected) return null;
+    for (let up = anchor.parentElement; up; up = up.parentElement) {
+      if (up.tagName === "DETAILS") up.open = true;
+    }
+    const next = anchor.nextElementSibling;
+    if (next && next.classList.contains("notice-slot")) return next;
+    for (const old of document.querySelectorAll(".notice-slot")) old.remove();
+    const tag = anchor.tagName === "LI" ? "li" : anchor.tagName === "TR" ? "tr" : "div";
+    const slot = document.createElement(tag);
+    slot.className = "notice-slot";
+    slot.setAttribute("role", "status");
+    anchor.after(slot);
+    if (tag !== "tr") return slot;
+    const cell = document.createElement("td");
+    cell.colSpan = 9;
+    slot.appendChild(cell);
+    return slot;
+  }
+
+  function showNotice(anchor, html, error) {
+    if (notice) notice.innerHTML = "";
+    const slot = slotFor(anchor) || notice;
+    if (!slot) return;
+    const into = slot.tagName === "TR" ? slot.firstElementChild : slot;
+    into.innerHTML = html;
+    if (error !== undefined) {
+      into.innerHTML = '<div class="notice error"><p></p></div>';
+      into.querySelector("p").textContent = error;
+    }
+    slot.scrollIntoView({ block: "nearest" });
   }
 
   // ------------------------------------------------------------------ elapsed time
@@ -104,6 +187,12 @@
     for (const time of document.querySelectorAll("time[data-since]")) {
       const since = Date.parse(time.dataset.since);
       if (!isNaN(since)) time.textContent = secondsText((now - since) / 1000);
+    }
+    // Countdowns (a schedule, a deadline): "4 min 3 s", then "now" once due.
+    for (const time of document.querySelectorAll("time[data-until]")) {
+      const until = Date.parse(time.dataset.until);
+      if (isNaN(until)) continue;
+      time.textContent = until > now ? secondsText((until - now) / 1000) : "now (due)";
     }
   }
 
@@ -168,6 +257,7 @@
     if (!form.matches || !form.matches("form[data-fragment]")) return;
     event.preventDefault();
     const data = new URLSearchParams(new FormData(form, event.submitter));
+    const anchor = anchorOf(form);
     const buttons = form.querySelectorAll("button");
     buttons.forEach(function (b) { b.disabled = true; });
     fetch(form.action, {
@@ -183,18 +273,16 @@
         }
         return response.json().then(function (answer) {
           if (answer.error) {
-            showNotice('<div class="notice error"><p></p></div>', true);
-            notice.querySelector("p").textContent = answer.error.message;
+            showNotice(anchor, "", answer.error.message);
             return;
           }
           apply(answer);
-          if (answer.notice) showNotice(answer.notice, false);
-          if (form.querySelector("textarea")) form.reset();
+          form.reset(); // a label or message is not sent twice by mistake
+          if (answer.notice) showNotice(anchor, answer.notice);
         });
       })
       .catch(function (error) {
-        showNotice('<div class="notice error"><p></p></div>', true);
-        notice.querySelector("p").textContent = "The request failed: " + error;
+        showNotice(anchor, "", "The request failed: " + error);
       })
       .finally(function () {
         buttons.forEach(function (b) { b.disabled = false; });
