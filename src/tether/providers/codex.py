@@ -16,7 +16,18 @@ Codex has no wake of its own: a later turn is always started by tether. Backgrou
 goes through tether's tools — the session gets tether's MCP server (``/mcp`` of this
 environment) by ``-c mcp_servers.tether.url=...`` and a per-thread credential passed in an
 environment variable (``bearer_token_env_var``), never on the command line — so a
-``monitor_start`` or ``schedule_wake`` wakes the thread with a new turn as usual.
+``monitor_start`` or ``schedule_wake`` wakes the thread with a new turn as usual. Tether's
+server is ``required`` (a failed handshake fails the turn rather than running it without
+tools) and its tools are approved in advance (``default_tools_approval_mode``): ``codex
+exec`` never asks, so a tool that needs approval would be refused. The credential and the
+API key are kept out of the shell commands the model runs (``shell_environment_policy``).
+
+``turn.completed.usage`` counts the whole session so far: the session's total is kept in
+the thread's state and a turn's own usage is the difference. Items can come before
+``turn.started``, and Codex reports notices (a reconnect, an unknown model's fallback) as
+``error`` items: logged, never fatal.
+
+Checked against ``@openai/codex`` 0.169.0 (tests/agents/package.json; docs/agents.md).
 """
 
 from __future__ import annotations
@@ -38,6 +49,10 @@ log = logging.getLogger(__name__)
 
 _PROMPTED = {"user", "task", "message"}
 _TOKEN_ENV = "TETHER_MCP_TOKEN"
+#: A model of the pinned CLI's catalog (``codex debug models``) that offers tools as functions.
+DEFAULT_MODEL = "gpt-5.5"
+#: What ``tether providers`` tells to run when the executable is missing.
+INSTALL = "npm install -g @openai/codex@0.169.0"
 
 
 class CodexError(Exception):
@@ -109,13 +124,31 @@ class CodexEvents:
             return self.reply
         if self.errors:
             raise CodexError(f"Codex: {self.errors[-1]}")
-        tail = stderr.strip().splitlines()[-3:]
-        detail = f": {' / '.join(tail)}" if tail else ""
-        raise CodexError(f"codex exited with code {exit_code} before the turn completed{detail}")
+        raise CodexError(f"codex exited with code {exit_code} before the turn completed{_reason(stderr)}")
+
+
+def _reason(stderr: str) -> str:
+    """Codex's own reason from its stderr: its last ``Error:`` line (a backtrace may follow),
+    else the last lines."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("Error")]
+    picked = errors[-1:] or lines[-3:]
+    return f": {' / '.join(picked)[:2000]}" if picked else ""
+
+
+def turn_usage(total: dict[str, Any] | None, before: dict[str, Any] | None) -> dict[str, int]:
+    """One turn's usage: Codex's session total now minus the total after the previous turn."""
+    before = before or {}
+    return {
+        key: int(value) - int(before.get(key) or 0)
+        for key, value in (total or {}).items()
+        if isinstance(value, int)
+    }
 
 
 class CodexProvider:
-    """Config (``[providers.codex]``): ``executable`` (default ``codex``), ``model``,
+    """Config (``[providers.codex]``): ``executable`` (default ``codex``), ``model`` (default
+    :data:`DEFAULT_MODEL`),
     ``api_key_env`` (default ``CODEX_API_KEY``), ``sandbox`` (default ``workspace-write``;
     empty for Codex's own default), ``extra_args`` (more flags for every ``codex exec``),
     ``credential_ttl_s`` (of the MCP credential, default one day)."""
@@ -125,7 +158,7 @@ class CodexProvider:
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = config or {}
         self.executable_name = str(config.get("executable") or "codex")
-        self.model: str | None = config.get("model")
+        self.model = str(config.get("model") or DEFAULT_MODEL)
         self.api_key_env = str(config.get("api_key_env") or "CODEX_API_KEY")
         self.sandbox: str | None = config.get("sandbox", "workspace-write") or None
         self.extra_args = [str(arg) for arg in config.get("extra_args", [])]
@@ -141,7 +174,10 @@ class CodexProvider:
     def check(self) -> str | None:
         if self.executable() is None:
             name = self.executable_name
-            return f"Codex executable {name!r} not found (set executable in [providers.codex])"
+            return (
+                f"Codex executable {name!r} not found: install it with `{INSTALL}` "
+                "(or set executable in [providers.codex])"
+            )
         if not os.environ.get(self.api_key_env):
             return f"no API key: the environment variable {self.api_key_env} is not set"
         return None
@@ -154,15 +190,18 @@ class CodexProvider:
         argv = [self.executable() or self.executable_name, "exec", "--json", "--skip-git-repo-check"]
         if self.sandbox:
             argv += ["--sandbox", self.sandbox]
-        if self.model:
-            argv += ["--model", self.model]
+        argv += ["--model", self.model]
+        secrets = sorted({"CODEX_API_KEY", self.api_key_env, _TOKEN_ENV})
+        argv += ["-c", f"shell_environment_policy.exclude={json.dumps(secrets)}"]
         if mcp_url:
-            argv += [
-                "-c",
-                f"mcp_servers.tether.url={json.dumps(mcp_url)}",
-                "-c",
-                f"mcp_servers.tether.bearer_token_env_var={json.dumps(_TOKEN_ENV)}",
-            ]
+            server = {
+                "url": mcp_url,
+                "bearer_token_env_var": _TOKEN_ENV,
+                "required": True,
+                "default_tools_approval_mode": "approve",
+            }
+            for key, value in server.items():
+                argv += ["-c", f"mcp_servers.tether.{key}={json.dumps(value)}"]
         argv += self.extra_args
         if session_id:
             argv += ["resume", session_id]
@@ -212,9 +251,12 @@ class CodexProvider:
                     turn.say(text)
                 if events.thread_id and events.thread_id != session_id:
                     session_id = events.thread_id
-                    turn.save_state({**turn.thread.state, "codex": {**state, "sessionId": session_id}})
+                    fresh = {k: v for k, v in state.items() if k != "usage"}  # a new session's total
+                    turn.save_state({**turn.thread.state, "codex": {**fresh, "sessionId": session_id}})
             code = await process.wait()
             await drain
+            if events.completed and events.usage:
+                self._count(turn, events.usage)
         finally:
             if process.returncode is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -223,6 +265,12 @@ class CodexProvider:
                     await asyncio.shield(process.wait())
             drain.cancel()
         return events.outcome(code, "\n".join(stderr))
+
+    def _count(self, turn: Turn, total: dict[str, Any]) -> None:
+        """Keep the session's usage total in the thread's state; log this turn's share."""
+        codex = dict(turn.thread.state.get("codex") or {})
+        log.info("codex turn of %s used %s", turn.thread.id, turn_usage(total, codex.get("usage")))
+        turn.save_state({**turn.thread.state, "codex": {**codex, "usage": total}})
 
     def _credential(self, turn: Turn) -> tuple[str | None, str | None]:
         """``(mcp url, token)`` of this thread (minted once, renewed before it expires)."""

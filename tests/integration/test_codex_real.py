@@ -1,0 +1,280 @@
+"""The REAL ``codex`` CLI (npm's ``@openai/codex``, pinned in tests/agents/package.json)
+through tether, against a scripted Responses API server (``models/responses_server.py``).
+
+Two real ``tether serve`` processes, ``main`` linked to ``peer``, both running real ``codex
+exec`` / ``codex exec resume`` as their ``codex`` provider, pointed at the scripted model by
+a custom model provider (``extra_args``). Only the model service is scripted: Codex's own
+agent loop, its shell, its deferred MCP tools (found through ``tool_search``) and its MCP
+client of tether's ``/mcp`` are the real ones. The child's task text carries its plan (see
+the server's docstring); a script parent delegates it and records every wake.
+
+``.ci/run`` installs the CLI (``npm ci`` in tests/agents); without it these tests skip.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.launch import Server
+
+from .conftest import _shutdown
+from .helpers import await_exit, wrapper_pid
+from .links.linkkit import (
+    assert_delivered_once,
+    await_finished,
+    await_on,
+    link,
+    tasks_of,
+    thread,
+    wait_settled,
+)
+from .models.responses_server import PLAN, ResponsesServer
+
+CODEX = Path(__file__).parents[1] / "agents" / "node_modules" / ".bin" / "codex"
+KEY_ENV = "TETHER_TEST_CODEX_KEY"
+KEY = "sk-scripted-codex-7f3a"
+
+pytestmark = pytest.mark.skipif(
+    not CODEX.exists(), reason="the real codex is not installed: run `npm ci --prefix tests/agents`"
+)
+
+
+def provider_config(model: ResponsesServer) -> str:
+    """``[providers.codex]`` of an environment whose Codex talks to the scripted model."""
+    scripted = {"name": "scripted", "base_url": model.base_url, "wire_api": "responses",
+                "env_key": "CODEX_API_KEY"}
+    args = ["-c", 'model_provider="scripted"']
+    for key, value in scripted.items():
+        args += ["-c", f"model_providers.scripted.{key}={json.dumps(value)}"]
+    return (f"[providers.codex]\nexecutable = {json.dumps(str(CODEX))}\n"
+            f"api_key_env = {json.dumps(KEY_ENV)}\nextra_args = {json.dumps(args)}\n")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ResponsesServer]:
+    server = ResponsesServer(tmp_path_factory.mktemp("model") / "requests.jsonl", api_key=KEY).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def envs(tmp_path_factory: pytest.TempPathFactory, model: ResponsesServer) -> Iterator[dict[str, Server]]:
+    """``main`` and ``peer`` (linked main → peer), both with the real Codex."""
+    root = tmp_path_factory.mktemp("codex-real")
+    made = {name: Server(root / name, name) for name in ("main", "peer")}
+    for server in made.values():
+        server.data.mkdir(parents=True)
+        (server.data / "config.toml").write_text(provider_config(model))
+    with pytest.MonkeyPatch.context() as patch:  # tether.launch.Server passes its environment on
+        patch.setenv(KEY_ENV, KEY)
+        patch.setenv("CODEX_HOME", str(root / "codex-home"))
+        (root / "codex-home").mkdir()
+        with ThreadPoolExecutor(2) as pool:  # a loaded 2-core machine: allow a slow start
+            list(pool.map(lambda server: server.start(timeout=90), made.values()))
+        link(made["main"], made["peer"])
+        yield made
+        _shutdown(list(made.values()))
+
+
+@pytest.fixture
+def up(envs: dict[str, Server]) -> dict[str, Server]:
+    """Both servers running (a failed test may have left one down)."""
+    for server in envs.values():
+        if server.process is None or server.process.poll() is not None:
+            server.start(timeout=90)
+    return envs
+
+
+def plan(title: str, **rules: list[dict[str, Any]]) -> str:
+    """A task text carrying the scripted model's plan (rule names may hold spaces: ``_``)."""
+    return f"{title}\n{PLAN}{json.dumps({name.replace('_', ' '): steps for name, steps in rules.items()})}"
+
+
+def say(text: str) -> dict[str, Any]:
+    return {"say": text}
+
+
+def tool(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool": name, "arguments": arguments}
+
+
+def delegate_codex(server: Server, task: str, environment: str | None = None) -> str:
+    """A script parent that delegates ``task`` to a codex child (async) and notes its wakes."""
+    spec: dict[str, Any] = {"task": task, "id": "c", "title": "codex child", "provider": "codex"}
+    if environment:
+        spec["environment"] = environment
+    script = {"tether_script": 1, "rules": [
+        {"on": "start", "do": [{"delegate": spec}, {"reply": "delegated"}]},
+        {"on": "delegated_task", "repeat": True, "do": [{"reply": "got {{text}}"}]},
+    ]}
+    with server.client() as client:
+        created = client.post("/api/threads", json={"provider": "script", "message": json.dumps(script)})
+    assert created.status_code == 201, created.text
+    return str(created.json()["threadId"])
+
+
+def child_of(origin: Server, parent_id: str, where: Server) -> dict[str, Any]:
+    return thread(where, tasks_of(origin, parent_id)[0]["childThreadId"])
+
+
+def replies(view: dict[str, Any]) -> list[tuple[str, str | None]]:
+    return [(r["trigger"]["kind"], r["reply"]) for r in view["runs"]]
+
+
+# ------------------------------------------------------------------------------ probes
+
+MONITOR = plan(
+    "probe 2: a monitor that holds the task",
+    start=[tool("monitor_start", command="for i in 1 2; do echo line$i; sleep 0.2; done"), say("WAITING")],
+    monitor_event=[say("PROGRESS")],
+    monitor_finished=[say("FINAL")],
+)
+WAKE = plan(
+    "probe 4: a scheduled wake",
+    start=[tool("schedule_wake", inMs=300, text="time is up", hold=True), say("WAITING")],
+    scheduled=[say("FINAL")],
+)
+PERSISTENT = plan(
+    "probe 6: a persistent monitor",
+    start=[tool("monitor_start", command="for i in 1 2 3; do echo line$i; done", persistent=True),
+           say("WATCHING")],
+    monitor_event=[say("PROGRESS")],
+    monitor_finished=[say("FINAL")],
+)
+GRANDCHILD = json.dumps({"tether_script": 1, "rules": [
+    {"on": "start", "do": [{"reply": "READY"}]},
+    {"on": "message", "do": [{"reply": "GRANDCHILD DONE"}]},
+]})
+DELEGATE = plan(
+    "a child that delegates, then sends its own child a message",
+    start=[tool("delegate_task", task=GRANDCHILD, target={"provider": "script"}, title="grandchild"),
+           say("WAITING")],
+    **{
+        "delegated task:READY": [tool("thread_send", threadId="<<childThreadId>>", message="go on"),
+                                 say("SENT")],
+        "delegated task:GRANDCHILD DONE": [say("FINAL")],
+    },
+)
+PROBES = {"monitor": MONITOR, "scheduled wake": WAKE, "persistent monitor": PERSISTENT, "delegate": DELEGATE}
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+@pytest.mark.parametrize("probe", list(PROBES))
+def test_probe_with_the_real_codex(up: dict[str, Server], probe: str, where: str) -> None:
+    """SPEC §8 as it applies to Codex: the child's background work goes through tether's
+    MCP tools, called by the real CLI; FINAL reaches the parent exactly once."""
+    origin = up["main"]
+    child_env = up["peer"] if where == "remote" else origin
+    parent_id = delegate_codex(origin, PROBES[probe], "peer" if where == "remote" else None)
+    tasks, parent = await_finished(origin, parent_id, timeout=90)
+    assert_delivered_once(tasks, parent)
+    child = child_of(origin, parent_id, child_env)
+    wait_settled(child_env, child["threadId"])
+    child = child_of(origin, parent_id, child_env)
+    assert all(r["status"] == "completed" for r in child["runs"]), child["runs"]
+    assert child["runs"][-1]["reply"] == "FINAL", replies(child)
+    if probe != "delegate":
+        assert [i["status"] for i in child["background"]] == ["ended"], child["background"]
+
+
+# ------------------------------------------------------------------------------ kills
+
+
+def _gated(gate: Path) -> str:
+    """A monitor command that ends when the test creates ``gate`` (its own loop, not the test's)."""
+    return f"while [ ! -e {gate} ]; do sleep 0.05; done; echo OK"
+
+
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_child_environment_stopped_mid_task(
+    up: dict[str, Server], tmp_path: Path, where: str, stop: str
+) -> None:
+    """The child's environment is killed (or stopped) while the codex child's monitor runs;
+    the monitor ends while it is down; after the restart the child is woken, its resumed
+    Codex session answers, and FINAL reaches the parent exactly once."""
+    origin = up["main"]
+    child_env = up["peer"] if where == "remote" else origin
+    gate = tmp_path / "gate"
+    task = plan(
+        "a gated monitor",
+        start=[tool("monitor_start", command=_gated(gate)), say("WAITING")],
+        monitor_finished=[say("FINAL")],
+    )
+    parent_id = delegate_codex(origin, task, "peer" if where == "remote" else None)
+
+    def waiting() -> dict[str, Any] | None:
+        tasks = tasks_of(origin, parent_id)
+        if not tasks or not tasks[0]["childThreadId"]:
+            return None
+        view = thread(child_env, tasks[0]["childThreadId"])
+        ran = view["runs"] and view["runs"][0]["status"] == "completed"
+        return view if ran and view["background"] and view["background"][0]["status"] == "running" else None
+
+    child = await_on(child_env, waiting, 60, "the codex child to start its monitor and answer WAITING")
+    assert replies(child) == [("task", "WAITING")]
+    monitor = wrapper_pid(child_env, child["background"][0]["id"])
+    child_env.kill() if stop == "SIGKILL" else child_env.stop()
+    gate.touch()
+    await_exit(monitor)
+    child_env.start(timeout=90)
+
+    tasks, parent = await_finished(origin, parent_id, timeout=90)
+    assert_delivered_once(tasks, parent)
+    child = child_of(origin, parent_id, child_env)
+    assert replies(child)[-1] == ("monitor_finished", "FINAL"), replies(child)
+
+
+# ------------------------------------------------------------------------------ the CLI's own behaviour
+
+
+def test_tether_tools_are_approved_and_never_refused(up: dict[str, Server], model: ResponsesServer) -> None:
+    """Real ``codex exec`` refuses an MCP tool call that needs approval ("approval policy
+    is never"): tether's server is approved in advance, so the call reaches tether."""
+    parent_id = delegate_codex(up["main"], MONITOR)
+    await_finished(up["main"], parent_id, timeout=90)
+    outputs = [
+        json.dumps(item)
+        for body in model.responses()
+        for item in body.get("input", [])
+        if item.get("type") == "function_call_output"
+    ]
+    assert outputs and not [o for o in outputs if "requires approval" in o]
+
+
+def test_the_shell_sees_neither_the_credential_nor_the_key(
+    up: dict[str, Server], model: ResponsesServer
+) -> None:
+    """The model runs ``env`` with Codex's own shell: neither tether's per-thread MCP
+    credential nor the API key is in it — while the same session still calls tether."""
+    task = plan("secrets check", start=[{"shell": "env"}, tool("environment_links"), say("DONE <<name>>")])
+    parent_id = delegate_codex(up["main"], task)
+    tasks, _ = await_finished_any(up["main"], parent_id)
+    assert tasks[0]["result"]["text"] == "DONE main"
+    shell = [
+        item
+        for body in model.responses()
+        if "secrets check" in json.dumps(body)
+        for item in body.get("input", [])
+        if item.get("type") == "function_call_output" and "PATH=" in json.dumps(item)
+    ]
+    assert shell, "the model never saw the output of env"
+    seen = json.dumps(shell[-1])
+    assert "TETHER_MCP_TOKEN" not in seen and "ttc_" not in seen  # thread credentials are ttc_…
+    assert KEY not in seen and "CODEX_API_KEY" not in seen and KEY_ENV not in seen
+
+
+def await_finished_any(origin: Server, parent_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Until the child's task is delivered and the parent settled, whatever the result."""
+    def check() -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+        tasks, parent = tasks_of(origin, parent_id), thread(origin, parent_id)
+        done = tasks and parent["settled"] and all(t["delivery"]["state"] == "acknowledged" for t in tasks)
+        return (tasks, parent) if done else None
+
+    return await_on(origin, check, 90, f"the child of {parent_id} to be delivered")
