@@ -14,6 +14,9 @@ the server's docstring); a script parent delegates it and records every wake.
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
+import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import Any
 import pytest
 
 from tether.launch import Server
+from tether.providers.codex import DEFAULT_MODEL
 
 from .conftest import _shutdown
 from .helpers import await_exit, wrapper_pid
@@ -268,6 +272,74 @@ def test_the_shell_sees_neither_the_credential_nor_the_key(
     seen = json.dumps(shell[-1])
     assert "TETHER_MCP_TOKEN" not in seen and "ttc_" not in seen  # thread credentials are ttc_…
     assert KEY not in seen and "CODEX_API_KEY" not in seen and KEY_ENV not in seen
+
+
+def test_the_default_model_is_in_the_pinned_clis_catalog(tmp_path: Path, model: ResponsesServer) -> None:
+    """Codex runs a model missing from its catalog on fallback metadata (with an ``error``
+    item saying so) — as it did tether's old default, ``gpt-5-codex``."""
+    listed = subprocess.run(
+        [str(CODEX), "debug", "models"], env={**os.environ, "CODEX_HOME": str(tmp_path)},
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    catalog = {entry["slug"] for entry in json.loads(listed.stdout)["models"]}
+    assert DEFAULT_MODEL in catalog and "gpt-5-codex" not in catalog
+
+
+def start_codex(server: Server, text: str, model: str | None = None) -> str:
+    """A codex thread of its own (no parent), with the thread's own model when given."""
+    with server.client() as client:
+        created = client.post("/api/threads", json={"provider": "codex", "message": text, "model": model})
+    assert created.status_code == 201, created.text
+    return str(created.json()["threadId"])
+
+
+@pytest.mark.parametrize(
+    ("notice", "model_name", "step"),
+    [
+        ("an unknown model's fallback, before turn.started", "gpt-5-codex", say("NOTED")),
+        ("a reconnect after a broken stream", None, {"say": "NOTED", "drop": 1}),
+    ],
+)
+def test_codex_notices_are_not_failures(
+    up: dict[str, Server], model: ResponsesServer, notice: str, model_name: str | None, step: dict[str, Any]
+) -> None:
+    """Codex reports notices as ``error`` items, some before ``turn.started``: the turn
+    still completes with its reply. The thread's own model reaches Codex."""
+    marker = f"notice {len(model.requests)}"
+    thread_id = start_codex(up["main"], plan(marker, start=[step]), model_name)
+    wait_settled(up["main"], thread_id)
+    [run] = thread(up["main"], thread_id)["runs"]
+    assert (run["status"], run["reply"], run["error"]) == ("completed", "NOTED", None), (notice, run)
+    sent = [body for body in model.responses() if marker in json.dumps(body)]
+    assert {body["model"] for body in sent} == {model_name or DEFAULT_MODEL}
+    if "drop" in step:
+        assert len(sent) == 2  # the broken stream and the retry
+
+
+def test_usage_is_the_sessions_running_total(up: dict[str, Server], model: ResponsesServer) -> None:
+    """``turn.completed.usage`` of the real CLI counts the whole session: after a resumed
+    turn, the total tether keeps equals the usage of every response of the session."""
+    marker = f"usage {len(model.requests)}"
+    main = up["main"]
+    thread_id = start_codex(main, plan(marker, start=[say("FIRST")], again=[say("SECOND")]))
+    wait_settled(main, thread_id)
+    first = _codex_state(main, thread_id)["usage"]
+    with main.client() as client:
+        assert client.post(f"/api/threads/{thread_id}/messages", json={"text": "again"}).status_code == 200
+    wait_settled(main, thread_id)
+    assert [r["reply"] for r in thread(main, thread_id)["runs"]] == ["FIRST", "SECOND"]
+    state = _codex_state(main, thread_id)
+    sent = [b for b in model.responses() if b.get("prompt_cache_key") == state["sessionId"]]
+    assert len(sent) == 2
+    assert state["usage"]["input_tokens"] == sum(100 + 10 * len(b["input"]) for b in sent)
+    assert state["usage"]["input_tokens"] > first["input_tokens"]
+
+
+def _codex_state(server: Server, thread_id: str) -> dict[str, Any]:
+    """The thread's ``codex`` state, read from the environment's SQLite file (read-only)."""
+    with sqlite3.connect(f"file:{server.data / 'tether.db'}?mode=ro", uri=True, timeout=5) as conn:
+        [data] = conn.execute("SELECT data FROM threads WHERE id = ?", (thread_id,)).fetchone()
+    return dict(json.loads(data)["state"]["codex"])
 
 
 def await_finished_any(origin: Server, parent_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:

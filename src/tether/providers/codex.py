@@ -185,12 +185,13 @@ class CodexProvider:
     async def close(self) -> None:
         self._credentials.clear()
 
-    def command(self, session_id: str | None, mcp_url: str | None) -> list[str]:
-        """The argv of one turn; the prompt goes to stdin (``-``)."""
+    def command(self, session_id: str | None, mcp_url: str | None, model: str | None = None) -> list[str]:
+        """The argv of one turn; the prompt goes to stdin (``-``). ``model``: the thread's own
+        (a delegated task's ``target.model``), else the configured one."""
         argv = [self.executable() or self.executable_name, "exec", "--json", "--skip-git-repo-check"]
         if self.sandbox:
             argv += ["--sandbox", self.sandbox]
-        argv += ["--model", self.model]
+        argv += ["--model", model or self.model]
         secrets = sorted({"CODEX_API_KEY", self.api_key_env, _TOKEN_ENV})
         argv += ["-c", f"shell_environment_policy.exclude={json.dumps(secrets)}"]
         if mcp_url:
@@ -220,7 +221,7 @@ class CodexProvider:
         kind = str(turn.run.trigger.get("kind"))
         prompt = turn.text if kind in _PROMPTED else f"[tether: {kind.replace('_', ' ')}]\n{turn.text}"
         process = await asyncio.create_subprocess_exec(
-            *self.command(session_id, mcp_url),
+            *self.command(session_id, mcp_url, turn.thread.model),
             cwd=turn.workspace,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,

@@ -18,7 +18,8 @@ names the rule of its own text, else ``start``. Each response is one step of tha
 rule, the next one after the tool outputs the conversation already holds since that
 message: ``{"tool": NAME, "arguments": {...}}`` (a tool of tether's MCP server, called
 in the ``mcp__tether`` namespace), ``{"shell": CMD}`` (Codex's own ``exec_command``) or
-``{"say": TEXT}`` (a message, which ends the turn). Codex defers MCP tools — it names the
+``{"say": TEXT}`` (a message, which ends the turn); with ``"drop": N`` the first N
+streams of that response break after ``response.created`` (Codex reconnects). Codex defers MCP tools — it names the
 namespace and shows its tools only through ``tool_search`` — so before the first tether
 call of a conversation the model searches, as a real one must (``tool_search_call``).
 A rule whose steps are used up says ``DONE``; a message without a plan gets ``ack``.
@@ -232,6 +233,7 @@ class ResponsesServer:
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._attempts: dict[str, int] = {}
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._http.daemon_threads = True
         self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
@@ -252,6 +254,13 @@ class ResponsesServer:
         """The bodies of every ``POST /v1/responses`` received so far."""
         with self._lock:
             return [r["body"] for r in self.requests if r["path"] == "/v1/responses"]
+
+    def _drop(self, body: dict[str, Any], step: dict[str, Any]) -> bool:
+        """Whether to break this response's stream: the first ``step["drop"]`` attempts of it."""
+        key = f"{body.get('prompt_cache_key')}:{len(body.get('input') or [])}"
+        with self._lock:
+            self._attempts[key] = self._attempts.get(key, 0) + 1
+            return self._attempts[key] <= int(step.get("drop", 0))
 
     def _record(self, entry: dict[str, Any]) -> None:
         with self._lock:
@@ -291,6 +300,9 @@ class ResponsesServer:
                 step = decide(conversation)
                 usage = {"input": 100 + 10 * len(conversation), "output": 7}
                 frames = stream(step, next(server._ids), usage)
+                if server._drop(body, step):  # the stream breaks after its first event
+                    frames = frames[:1]
+                    self.close_connection = True
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("content-length", str(sum(len(f) for f in frames)))
