@@ -8,7 +8,8 @@ agent loop, its shell, its deferred MCP tools (found through ``tool_search``) an
 client of tether's ``/mcp`` are the real ones. The child's task text carries its plan (see
 the server's docstring); a script parent delegates it and records every wake.
 
-``.ci/run`` installs the CLI (``npm ci`` in tests/agents); without it these tests skip.
+``.ci/run`` installs the CLI (``npm ci --prefix tests/agents``); elsewhere, without it,
+these tests skip.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import sqlite3
 import subprocess
+import tomllib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from tether.launch import Server
-from tether.providers.codex import DEFAULT_MODEL
+from tether.launch import Server, free_port
+from tether.providers.codex import DEFAULT_MODEL, CodexError, CodexEvents, CodexProvider
 
 from .conftest import _shutdown
 from .helpers import await_exit, wrapper_pid
@@ -44,8 +46,9 @@ CODEX = Path(__file__).parents[1] / "agents" / "node_modules" / ".bin" / "codex"
 KEY_ENV = "TETHER_TEST_CODEX_KEY"
 KEY = "sk-scripted-codex-7f3a"
 
-pytestmark = pytest.mark.skipif(
-    not CODEX.exists(), reason="the real codex is not installed: run `npm ci --prefix tests/agents`"
+pytestmark = pytest.mark.skipif(  # never in CI, which installs it: there a missing CLI fails
+    not CODEX.exists() and not os.environ.get("CI"),
+    reason="the real codex is not installed: run `npm ci --prefix tests/agents`",
 )
 
 
@@ -272,6 +275,30 @@ def test_the_shell_sees_neither_the_credential_nor_the_key(
     seen = json.dumps(shell[-1])
     assert "TETHER_MCP_TOKEN" not in seen and "ttc_" not in seen  # thread credentials are ttc_…
     assert KEY not in seen and "CODEX_API_KEY" not in seen and KEY_ENV not in seen
+
+
+def test_a_failed_turn_fails_the_run_with_codexs_message(up: dict[str, Server]) -> None:
+    thread_id = start_codex(up["main"], plan("quota", start=[{"fail": "no", "code": "insufficient_quota"}]))
+    wait_settled(up["main"], thread_id)
+    [run] = thread(up["main"], thread_id)["runs"]
+    quota = "Codex: Quota exceeded. Check your plan and billing details."
+    assert (run["status"], run["error"]) == ("failed", quota)
+
+
+def test_tethers_server_is_required(tmp_path: Path, model: ResponsesServer) -> None:
+    """The command line tether gives Codex, with tether's MCP server unreachable: the turn
+    fails with Codex's reason instead of running without tether's tools."""
+    provider = CodexProvider(tomllib.loads(provider_config(model))["providers"]["codex"])
+    argv = provider.command(None, f"http://127.0.0.1:{free_port()}/mcp")
+    env = {**os.environ, "CODEX_HOME": str(tmp_path), "CODEX_API_KEY": KEY, "TETHER_MCP_TOKEN": "ttc_x"}
+    done = subprocess.run(argv, input=plan("required", start=[say("WITHOUT TOOLS")]), env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    events = CodexEvents()
+    for line in done.stdout.splitlines():
+        events.feed(json.loads(line))
+    with pytest.raises(CodexError, match="required MCP servers failed to initialize: tether"):
+        events.outcome(done.returncode, done.stderr)
+    assert "WITHOUT TOOLS" not in done.stdout
 
 
 def test_the_default_model_is_in_the_pinned_clis_catalog(tmp_path: Path, model: ResponsesServer) -> None:

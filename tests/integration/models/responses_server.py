@@ -19,7 +19,8 @@ rule, the next one after the tool outputs the conversation already holds since t
 message: ``{"tool": NAME, "arguments": {...}}`` (a tool of tether's MCP server, called
 in the ``mcp__tether`` namespace), ``{"shell": CMD}`` (Codex's own ``exec_command``) or
 ``{"say": TEXT}`` (a message, which ends the turn); with ``"drop": N`` the first N
-streams of that response break after ``response.created`` (Codex reconnects). Codex defers MCP tools — it names the
+streams of that response break after ``response.created`` (Codex reconnects);
+``{"fail": TEXT}`` streams ``response.failed`` with that message. Codex defers MCP tools — it names the
 namespace and shows its tools only through ``tool_search`` — so before the first tether
 call of a conversation the model searches, as a real one must (``tool_search_call``).
 A rule whose steps are used up says ``DONE``; a message without a plan gets ``ack``.
@@ -190,8 +191,12 @@ def output_item(step: dict[str, Any], n: int) -> dict[str, Any]:
 def stream(step: dict[str, Any], n: int, usage: dict[str, int]) -> list[bytes]:
     """The SSE frames of one response whose output is ``step``."""
     response_id = f"resp_{n}"
-    item = output_item(step, n)
     frames = [{"type": "response.created", "response": {"id": response_id, "status": "in_progress"}}]
+    if "fail" in step:
+        error = {"code": step.get("code", "server_error"), "message": step["fail"]}
+        failed = {"id": response_id, "status": "failed", "error": error, "output": []}
+        return [_frame(f) for f in (*frames, {"type": "response.failed", "response": failed})]
+    item = output_item(step, n)
     if item["type"] == "message":
         text = step["say"]
         added = {**item, "status": "in_progress", "content": []}
