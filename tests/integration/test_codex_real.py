@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tether.launch import Server, free_port
+from tether.probes import outcome
 from tether.providers.codex import DEFAULT_MODEL, CodexError, CodexEvents, CodexProvider
 
 from .conftest import _shutdown
@@ -149,7 +150,7 @@ WAKE = plan(
 )
 PERSISTENT = plan(
     "probe 6: a persistent monitor",
-    start=[tool("monitor_start", command="for i in 1 2 3; do echo line$i; done", persistent=True),
+    start=[tool("monitor_start", command="for i in 1 2 3; do sleep 0.3; echo line$i; done", persistent=True),
            say("WATCHING")],
     monitor_event=[say("PROGRESS")],
     monitor_finished=[say("FINAL")],
@@ -171,19 +172,54 @@ DELEGATE = plan(
 PROBES = {"monitor": MONITOR, "scheduled wake": WAKE, "persistent monitor": PERSISTENT, "delegate": DELEGATE}
 
 
-@pytest.mark.parametrize("where", ["local", "remote"])
-@pytest.mark.parametrize("probe", list(PROBES))
-def test_probe_with_the_real_codex(up: dict[str, Server], probe: str, where: str) -> None:
-    """SPEC §8 as it applies to Codex: the child's background work goes through tether's
-    MCP tools, called by the real CLI; FINAL reaches the parent exactly once."""
-    origin = up["main"]
-    child_env = up["peer"] if where == "remote" else origin
+#: What the parent gets FINAL as (SPEC §8): a held monitor or wake keeps the task open;
+#: the delegating child stays open while its own child is.
+DELIVERED_AS = {"monitor": "result", "scheduled wake": "result", "delegate": "result"}
+
+
+def delivered_as(probe: str, child: dict[str, Any]) -> str:
+    """A persistent monitor holds nothing: FINAL is a follow-up when the monitor outlasted
+    the first run, else (its end's wake already queued, the child not settled) the result."""
+    if probe != "persistent monitor":
+        return DELIVERED_AS[probe]
+    [monitor] = child["background"]
+    return "follow-up" if monitor["endedAt"] > child["runs"][0]["endedAt"] else "result"
+
+
+def run_probe(envs: dict[str, Server], probe: str, where: str) -> dict[str, Any]:
+    """One probe to its end: ``{row, child}`` (``row`` as the demo's table has it)."""
+    origin = envs["main"]
+    child_env = envs["peer"] if where == "remote" else origin
     parent_id = delegate_codex(origin, PROBES[probe], "peer" if where == "remote" else None)
     tasks, parent = await_finished(origin, parent_id, timeout=90)
     assert_delivered_once(tasks, parent)
     child = child_of(origin, parent_id, child_env)
     wait_settled(child_env, child["threadId"])
     child = child_of(origin, parent_id, child_env)
+    return {"row": outcome(1, where, tasks, parent, child["runs"]), "child": child}
+
+
+@pytest.fixture(scope="module")
+def probes(envs: dict[str, Server]) -> dict[tuple[str, str], Any]:
+    """Every probe, local and remote, run at once (each mostly waits): its record, or the
+    exception that ended it (re-raised by its test)."""
+    jobs = [(probe, where) for probe in PROBES for where in ("local", "remote")]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = {job: pool.submit(run_probe, envs, *job) for job in jobs}
+    return {job: future.exception() or future.result() for job, future in futures.items()}
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+@pytest.mark.parametrize("probe", list(PROBES))
+def test_probe_with_the_real_codex(probes: dict[tuple[str, str], Any], probe: str, where: str) -> None:
+    """SPEC §8 as it applies to Codex: the child's background work goes through tether's
+    MCP tools, called by the real CLI; FINAL reaches the parent exactly once."""
+    record = probes[(probe, where)]
+    if isinstance(record, BaseException):
+        raise record
+    row, child = record["row"], record["child"]
+    assert row["delivered"] and row["finalCount"] == 1, row
+    assert row["deliveredAs"] == delivered_as(probe, child), (row, child["background"], child["runs"])
     assert all(r["status"] == "completed" for r in child["runs"]), child["runs"]
     assert child["runs"][-1]["reply"] == "FINAL", replies(child)
     if probe != "delegate":
