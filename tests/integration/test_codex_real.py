@@ -14,10 +14,13 @@ these tests skip.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
+import tempfile
 import tomllib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +34,7 @@ from tether.probes import outcome
 from tether.providers.codex import DEFAULT_MODEL, CodexError, CodexEvents, CodexProvider
 
 from .conftest import _shutdown
-from .helpers import await_exit, wrapper_pid
+from .helpers import await_exit, is_alive, wrapper_pid
 from .links.linkkit import (
     assert_delivered_once,
     await_finished,
@@ -71,6 +74,18 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ResponsesServer]
     server.stop()
 
 
+@contextlib.contextmanager
+def codex_home() -> Iterator[Path]:
+    """A fresh ``CODEX_HOME``, outside /tmp: Codex refuses to put its helper executables
+    (``codex-linux-sandbox``, run by its sandbox) under a temporary directory, and then
+    every shell command of the model fails where bubblewrap is installed."""
+    home = Path(tempfile.mkdtemp(prefix=".codex-home-", dir=CODEX.parents[2]))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def envs(tmp_path_factory: pytest.TempPathFactory, model: ResponsesServer) -> Iterator[dict[str, Server]]:
     """``main`` and ``peer`` (linked main → peer), both with the real Codex."""
@@ -79,10 +94,9 @@ def envs(tmp_path_factory: pytest.TempPathFactory, model: ResponsesServer) -> It
     for server in made.values():
         server.data.mkdir(parents=True)
         (server.data / "config.toml").write_text(provider_config(model))
-    with pytest.MonkeyPatch.context() as patch:  # tether.launch.Server passes its environment on
-        patch.setenv(KEY_ENV, KEY)
-        patch.setenv("CODEX_HOME", str(root / "codex-home"))
-        (root / "codex-home").mkdir()
+    with pytest.MonkeyPatch.context() as patch, codex_home() as home:
+        patch.setenv(KEY_ENV, KEY)  # tether.launch.Server passes its environment on
+        patch.setenv("CODEX_HOME", str(home))
         with ThreadPoolExecutor(2) as pool:  # a loaded 2-core machine: allow a slow start
             list(pool.map(lambda server: server.start(timeout=90), made.values()))
         link(made["main"], made["peer"])
@@ -274,6 +288,46 @@ def test_child_environment_stopped_mid_task(
     assert replies(child)[-1] == ("monitor_finished", "FINAL"), replies(child)
 
 
+def codex_processes(server: Server) -> list[int]:
+    """Pids of ``codex`` processes working in ``server``'s workspace (tether's turns)."""
+    workspace = (server.data / "workspace").resolve()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if "codex" in (entry / "cmdline").read_text() and (entry / "cwd").resolve() == workspace:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+def test_child_environment_stopped_mid_turn(
+    up: dict[str, Server], model: ResponsesServer, tmp_path: Path, stop: str
+) -> None:
+    """The child's environment stops while its ``codex exec`` waits for the model. A SIGKILL
+    leaves that Codex running with no one to read it: the restart run ends it before it
+    resumes the session (no two Codex processes on one session), and FINAL reaches the
+    parent exactly once."""
+    origin, peer = up["main"], up["peer"]
+    gate, marker = tmp_path / "gate", f"mid-turn {stop}"
+    task = plan(marker, start=[{"say": "TOO LATE", "gate": str(gate)}], restart=[say("FINAL")])
+    parent_id = delegate_codex(origin, task, "peer")
+    model.await_request(lambda body: marker in json.dumps(body))
+    before = codex_processes(peer)
+    assert before, "no codex process while the model thinks"
+    peer.kill() if stop == "SIGKILL" else peer.stop()
+    peer.start(timeout=90)
+    try:
+        tasks, parent = await_finished(origin, parent_id, timeout=90)
+        assert_delivered_once(tasks, parent)
+        assert not [pid for pid in before if is_alive(pid)], "the old codex still runs"
+    finally:
+        gate.touch()
+    child = child_of(origin, parent_id, peer)
+    assert replies(child) == [("task", None), ("restart", "FINAL")], replies(child)
+
+
 # ------------------------------------------------------------------------------ the CLI's own behaviour
 
 
@@ -300,14 +354,15 @@ def test_the_shell_sees_neither_the_credential_nor_the_key(
     parent_id = delegate_codex(up["main"], task)
     tasks, _ = await_finished_any(up["main"], parent_id)
     assert tasks[0]["result"]["text"] == "DONE main"
-    shell = [
+    outputs = [
         item
         for body in model.responses()
         if "secrets check" in json.dumps(body)
         for item in body.get("input", [])
-        if item.get("type") == "function_call_output" and "PATH=" in json.dumps(item)
+        if item.get("type") == "function_call_output"
     ]
-    assert shell, "the model never saw the output of env"
+    shell = [item for item in outputs if "PATH=" in json.dumps(item)]
+    assert shell, f"the model never saw the output of env: {outputs}"
     seen = json.dumps(shell[-1])
     assert "TETHER_MCP_TOKEN" not in seen and "ttc_" not in seen  # thread credentials are ttc_…
     assert KEY not in seen and "CODEX_API_KEY" not in seen and KEY_ENV not in seen

@@ -214,6 +214,7 @@ class CodexProvider:
             raise CodexError(f"no API key: the environment variable {self.api_key_env} is not set")
         state = dict(turn.thread.state.get("codex") or {})
         session_id = state.get("sessionId")
+        await end_leftover(state.get("pid"))
         env = {**os.environ, "CODEX_API_KEY": key}
         mcp_url, token = self._credential(turn)
         if token:
@@ -230,6 +231,8 @@ class CodexProvider:
             start_new_session=True,
             limit=16 * 1024 * 1024,
         )
+        state["pid"] = process.pid  # its process group: ended by the next turn if it outlives us
+        turn.save_state({**turn.thread.state, "codex": state})
         events = CodexEvents()
         stderr: list[str] = []
         drain = asyncio.create_task(_tail(process.stderr, stderr))
@@ -287,6 +290,45 @@ class CodexProvider:
             cached = (token, time.monotonic() + self.credential_ttl_s)
             self._credentials[turn.thread.id] = cached
         return f"{base}/mcp", cached[0]
+
+
+async def end_leftover(pgid: int | None) -> None:
+    """End the process group of an earlier turn's ``codex exec`` that outlived tether (a
+    SIGKILL of tether leaves it running, with no one to read its answer), so that no two
+    Codex processes ever work on one session: this turn resumes it alone."""
+    if not pgid or "codex" not in _cmdline(pgid):  # gone, or the pid now belongs to another program
+        return
+    log.warning("ending codex process group %s, left over from before a restart", pgid)
+    try:
+        exited = _exit_of(pgid)
+    except ProcessLookupError:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    await asyncio.wait_for(exited, 10)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _exit_of(pid: int) -> asyncio.Future[None]:
+    """A future done when process ``pid`` (not our child: tether restarted) has exited."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    fd = os.pidfd_open(pid)
+
+    def ended() -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, ended)
+    return done
 
 
 async def _tail(stream: asyncio.StreamReader | None, into: list[str]) -> None:

@@ -20,7 +20,8 @@ message: ``{"tool": NAME, "arguments": {...}}`` (a tool of tether's MCP server, 
 in the ``mcp__tether`` namespace), ``{"shell": CMD}`` (Codex's own ``exec_command``) or
 ``{"say": TEXT}`` (a message, which ends the turn); with ``"drop": N`` the first N
 streams of that response break after ``response.created`` (Codex reconnects);
-``{"fail": TEXT}`` streams ``response.failed`` with that message. Codex defers MCP tools — it names the
+``{"fail": TEXT}`` streams ``response.failed`` with that message; ``"gate": PATH`` holds the
+response until the file exists (a model still thinking). Codex defers MCP tools — it names the
 namespace and shows its tools only through ``tool_search`` — so before the first tether
 call of a conversation the model searches, as a real one must (``tool_search_call``).
 A rule whose steps are used up says ``DONE``; a message without a plan gets ``ack``.
@@ -30,10 +31,13 @@ by that field of the latest tool output (in the whole conversation) whose JSON h
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -236,9 +240,10 @@ class ResponsesServer:
         self.log_path = log_path
         self.api_key = api_key
         self.requests: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._attempts: dict[str, int] = {}
+        self._arrived = threading.Condition(self._lock)
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._http.daemon_threads = True
         self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
@@ -257,8 +262,22 @@ class ResponsesServer:
 
     def responses(self) -> list[dict[str, Any]]:
         """The bodies of every ``POST /v1/responses`` received so far."""
-        with self._lock:
+        with self._lock:  # reentrant: await_request calls this holding it
             return [r["body"] for r in self.requests if r["path"] == "/v1/responses"]
+
+    def await_request(self, match: Callable[[dict[str, Any]], bool], timeout: float = 60.0) -> dict[str, Any]:
+        """The first ``POST /v1/responses`` body that ``match``es, waiting for it if need be."""
+        with self._arrived:
+            found = self._arrived.wait_for(lambda: next(filter(match, self.responses()), None), timeout)
+        assert found is not None, f"no matching request within {timeout}s"
+        return found
+
+    @staticmethod
+    def hold(gate: Path, timeout: float = 120.0) -> None:
+        """Answer only once ``gate`` exists (the request's own thread waits, not the server)."""
+        deadline = time.monotonic() + timeout
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # a file has no event to await; this is the "model" being slow
 
     def _drop(self, body: dict[str, Any], step: dict[str, Any]) -> bool:
         """Whether to break this response's stream: the first ``step["drop"]`` attempts of it."""
@@ -273,6 +292,7 @@ class ResponsesServer:
             if self.log_path is not None:
                 with self.log_path.open("a") as log:
                     log.write(json.dumps(entry) + "\n")
+            self._arrived.notify_all()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -305,6 +325,8 @@ class ResponsesServer:
                 step = decide(conversation)
                 usage = {"input": 100 + 10 * len(conversation), "output": 7}
                 frames = stream(step, next(server._ids), usage)
+                if "gate" in step:  # a slow model: it answers once the test creates the file
+                    server.hold(Path(step["gate"]))
                 if server._drop(body, step):  # the stream breaks after its first event
                     frames = frames[:1]
                     self.close_connection = True
@@ -312,9 +334,10 @@ class ResponsesServer:
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("content-length", str(sum(len(f) for f in frames)))
                 self.end_headers()
-                for frame in frames:
-                    self.wfile.write(frame)
-                    self.wfile.flush()
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # Codex is gone
+                    for frame in frames:
+                        self.wfile.write(frame)
+                        self.wfile.flush()
 
             def _json(self, status: int, payload: dict[str, Any]) -> None:
                 data = json.dumps(payload).encode()
