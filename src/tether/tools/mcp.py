@@ -132,7 +132,7 @@ def describe(tool: str, parameter: str) -> str:
     return TOOL_PARAMETERS.get(tool, {}).get(parameter) or PARAMETERS[parameter]
 
 
-def _inline(schema: dict[str, Any]) -> dict[str, Any]:
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
     """The schema with its ``$ref``s replaced by their definitions: agents' MCP clients
     (Codex among them) read only plain, self-contained schemas."""
     definitions = schema.pop("$defs", {})
@@ -216,7 +216,7 @@ def build(env: Environment) -> tuple[ASGIApp, Callable[[], Any]]:
     for name, description in DESCRIPTIONS.items():
         server.add_tool(_tool(env.tools, name, env.authenticate), name=name, description=description)
         tool = server._tool_manager.get_tool(name)
-        tool.parameters = _inline(tool.parameters)
+        tool.parameters = inline_refs(tool.parameters)
     inner = server.streamable_http_app(
         streamable_http_path="/mcp",
         # Sessions carry no identity (each request's bearer token does); an idle one is
