@@ -24,8 +24,12 @@ API key are kept out of the shell commands the model runs (``shell_environment_p
 
 ``turn.completed.usage`` counts the whole session so far: the session's total is kept in
 the thread's state and a turn's own usage is the difference. Items can come before
-``turn.started``, and Codex reports notices (a reconnect, an unknown model's fallback) as
-``error`` items: logged, never fatal.
+``turn.started``; notices come as ``error`` items (an unknown model's fallback) or as
+top-level ``error`` events (reconnects): logged, never fatal by themselves.
+
+The process group of each turn's ``codex exec`` is kept in the thread's state too: a SIGKILL
+of tether leaves it running with no reader, and the next turn (the ``restart`` run) ends
+it before resuming the session, so no two Codex processes ever share one.
 
 Checked against ``@openai/codex`` 0.169.0 (tests/agents/package.json; docs/agents.md).
 """
@@ -148,10 +152,9 @@ def turn_usage(total: dict[str, Any] | None, before: dict[str, Any] | None) -> d
 
 class CodexProvider:
     """Config (``[providers.codex]``): ``executable`` (default ``codex``), ``model`` (default
-    :data:`DEFAULT_MODEL`),
-    ``api_key_env`` (default ``CODEX_API_KEY``), ``sandbox`` (default ``workspace-write``;
-    empty for Codex's own default), ``extra_args`` (more flags for every ``codex exec``),
-    ``credential_ttl_s`` (of the MCP credential, default one day)."""
+    :data:`DEFAULT_MODEL`), ``api_key_env`` (default ``CODEX_API_KEY``), ``sandbox`` (default
+    ``workspace-write``; empty for Codex's own default), ``extra_args`` (more flags for every
+    ``codex exec``), ``credential_ttl_s`` (of the MCP credential, default one day)."""
 
     name = "codex"
 
