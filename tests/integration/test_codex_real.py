@@ -373,6 +373,18 @@ def test_the_shell_sees_neither_the_credential_nor_the_key(
     assert KEY not in seen and "CODEX_API_KEY" not in seen and KEY_ENV not in seen
 
 
+def test_messages_on_the_way_are_said_and_tool_activity_is_not(up: dict[str, Server]) -> None:
+    thread_id = start_codex(up["main"], plan("on the way", start=[
+        {"say": "Looking.", "shell": "echo hi; exit 2"}, {"say": "Still looking.", "tool": "thread_list"},
+        say("Done."),
+    ]))
+    wait_settled(up["main"], thread_id)
+    view = thread(up["main"], thread_id)
+    assert [(r["status"], r["reply"]) for r in view["runs"]] == [("completed", "Done.")]
+    said = [m["text"] for m in view["messages"] if m["role"] == "assistant"]
+    assert said == ["Looking.", "Still looking.", "Done."]
+
+
 def test_a_failed_turn_fails_the_run_with_codexs_message(up: dict[str, Server]) -> None:
     thread_id = start_codex(up["main"], plan("quota", start=[{"fail": "no", "code": "insufficient_quota"}]))
     wait_settled(up["main"], thread_id)

@@ -18,7 +18,8 @@ names the rule of its own text, else ``start``. Each response is one step of tha
 rule, the next one after the tool outputs the conversation already holds since that
 message: ``{"tool": NAME, "arguments": {...}}`` (a tool of tether's MCP server, called
 in the ``mcp__tether`` namespace), ``{"shell": CMD}`` (Codex's own ``exec_command``) or
-``{"say": TEXT}`` (a message, which ends the turn); with ``"drop": N`` the first N
+``{"say": TEXT}`` (a message, which ends the turn — with a call in the same step, the
+message is said on the way and the turn goes on); with ``"drop": N`` the first N
 streams of that response break after ``response.created`` (Codex reconnects);
 ``{"fail": TEXT}`` streams ``response.failed`` with that message; ``"gate": PATH`` holds the
 response until the file exists (a model still thinking). Codex defers MCP tools — it names the
@@ -156,16 +157,18 @@ def _frame(event: dict[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
 
 
-def output_item(step: dict[str, Any], n: int) -> dict[str, Any]:
-    """The output item of one step, as ``response.output_item.done`` carries it."""
-    if "say" in step:
-        return {
-            "type": "message",
-            "id": f"msg_{n}",
-            "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": step["say"], "annotations": []}],
-        }
+def _message(text: str, n: int) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": f"msg_{n}",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def _call(step: dict[str, Any], n: int) -> dict[str, Any]:
+    """The call item of a ``search``, ``shell`` or ``tool`` step."""
     if "search" in step:
         return {
             "type": "tool_search_call",
@@ -192,6 +195,29 @@ def output_item(step: dict[str, Any], n: int) -> dict[str, Any]:
     return item
 
 
+def output_items(step: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """The output of one step, as ``response.output_item.done`` carries each item: a message
+    (``say``), a call, or both — a message said on the way, before a call."""
+    items = [_message(step["say"], n)] if "say" in step else []
+    if {"search", "shell", "tool"} & set(step):
+        items.append(_call(step, n))
+    return items
+
+
+def _item_frames(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    if item["type"] != "message":
+        added = [{"type": "response.output_item.added", "output_index": index, "item": item}]
+    else:
+        text = item["content"][0]["text"]
+        added = [
+            {"type": "response.output_item.added", "output_index": index,
+             "item": {**item, "status": "in_progress", "content": []}},
+            {"type": "response.output_text.delta", "item_id": item["id"], "output_index": index,
+             "content_index": 0, "delta": text},
+        ]
+    return [*added, {"type": "response.output_item.done", "output_index": index, "item": item}]
+
+
 def stream(step: dict[str, Any], n: int, usage: dict[str, int]) -> list[bytes]:
     """The SSE frames of one response whose output is ``step``."""
     response_id = f"resp_{n}"
@@ -200,27 +226,15 @@ def stream(step: dict[str, Any], n: int, usage: dict[str, int]) -> list[bytes]:
         error = {"code": step.get("code", "server_error"), "message": step["fail"]}
         failed = {"id": response_id, "status": "failed", "error": error, "output": []}
         return [_frame(f) for f in (*frames, {"type": "response.failed", "response": failed})]
-    item = output_item(step, n)
-    if item["type"] == "message":
-        text = step["say"]
-        added = {**item, "status": "in_progress", "content": []}
-        frames.append({"type": "response.output_item.added", "output_index": 0, "item": added})
-        frames.append({
-            "type": "response.output_text.delta",
-            "item_id": item["id"],
-            "output_index": 0,
-            "content_index": 0,
-            "delta": text,
-        })
-    else:
-        frames.append({"type": "response.output_item.added", "output_index": 0, "item": item})
-    frames.append({"type": "response.output_item.done", "output_index": 0, "item": item})
+    items = output_items(step, n)
+    for index, item in enumerate(items):
+        frames += _item_frames(item, index)
     frames.append({
         "type": "response.completed",
         "response": {
             "id": response_id,
             "status": "completed",
-            "output": [item],
+            "output": items,
             "usage": {
                 "input_tokens": usage["input"],
                 "input_tokens_details": {"cached_tokens": 0},
