@@ -217,7 +217,7 @@ class CodexProvider:
             raise CodexError(f"no API key: the environment variable {self.api_key_env} is not set")
         state = dict(turn.thread.state.get("codex") or {})
         session_id = state.get("sessionId")
-        await end_leftover(state.get("pid"))
+        await end_leftover(state.pop("process", None))
         env = {**os.environ, "CODEX_API_KEY": key}
         mcp_url, token = self._credential(turn)
         if token:
@@ -234,7 +234,8 @@ class CodexProvider:
             start_new_session=True,
             limit=16 * 1024 * 1024,
         )
-        state["pid"] = process.pid  # its process group: ended by the next turn if it outlives us
+        # its process group, ended by the next turn should it outlive us (a SIGKILL of tether)
+        state["process"] = {"pid": process.pid, "start": _started(process.pid)}
         turn.save_state({**turn.thread.state, "codex": state})
         events = CodexEvents()
         stderr: list[str] = []
@@ -262,8 +263,7 @@ class CodexProvider:
                     turn.save_state({**turn.thread.state, "codex": {**fresh, "sessionId": session_id}})
             code = await process.wait()
             await drain
-            if events.completed and events.usage:
-                self._count(turn, events.usage)
+            self._ended(turn, events.usage if events.completed else None)
         finally:
             if process.returncode is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -273,11 +273,15 @@ class CodexProvider:
             drain.cancel()
         return events.outcome(code, "\n".join(stderr))
 
-    def _count(self, turn: Turn, total: dict[str, Any]) -> None:
-        """Keep the session's usage total in the thread's state; log this turn's share."""
+    def _ended(self, turn: Turn, total: dict[str, Any] | None) -> None:
+        """The process has ended: forget it; keep the session's usage total (when the turn
+        completed) and log this turn's share."""
         codex = dict(turn.thread.state.get("codex") or {})
-        log.info("codex turn of %s used %s", turn.thread.id, turn_usage(total, codex.get("usage")))
-        turn.save_state({**turn.thread.state, "codex": {**codex, "usage": total}})
+        codex.pop("process", None)
+        if total:
+            log.info("codex turn of %s used %s", turn.thread.id, turn_usage(total, codex.get("usage")))
+            codex["usage"] = total
+        turn.save_state({**turn.thread.state, "codex": codex})
 
     def _credential(self, turn: Turn) -> tuple[str | None, str | None]:
         """``(mcp url, token)`` of this thread (minted once, renewed before it expires)."""
@@ -295,11 +299,14 @@ class CodexProvider:
         return f"{base}/mcp", cached[0]
 
 
-async def end_leftover(pgid: int | None) -> None:
+async def end_leftover(process: dict[str, Any] | None) -> None:
     """End the process group of an earlier turn's ``codex exec`` that outlived tether (a
     SIGKILL of tether leaves it running, with no one to read its answer), so that no two
-    Codex processes ever work on one session: this turn resumes it alone."""
-    if not pgid or "codex" not in _cmdline(pgid):  # gone, or the pid now belongs to another program
+    Codex processes ever work on one session: this turn resumes it alone. ``process`` is
+    ``{pid, start}``: a pid now used by another process (another start time) is left alone."""
+    process = process or {}
+    pgid, start = int(process.get("pid") or 0), process.get("start")
+    if not pgid or start is None or _started(pgid) != start:  # gone, or the pid is another's now
         return
     log.warning("ending codex process group %s, left over from before a restart", pgid)
     try:
@@ -311,11 +318,13 @@ async def end_leftover(pgid: int | None) -> None:
     await asyncio.wait_for(exited, 10)
 
 
-def _cmdline(pid: int) -> str:
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot; Linux), None if it is gone or
+    this is not Linux: with the pid, it names one process for good."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        return ""
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _exit_of(pid: int) -> asyncio.Future[None]:

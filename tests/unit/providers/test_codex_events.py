@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from typing import Any
 
 import pytest
 
-from tether.providers.codex import DEFAULT_MODEL, INSTALL, CodexError, CodexEvents, CodexProvider, turn_usage
+from tether.providers.codex import (
+    DEFAULT_MODEL,
+    INSTALL,
+    CodexError,
+    CodexEvents,
+    CodexProvider,
+    _started,
+    end_leftover,
+    turn_usage,
+)
 
 
 def message(item_id: str, text: str, kind: str = "item.completed") -> dict[str, Any]:
@@ -148,3 +159,19 @@ def test_check_says_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert provider.check() == "no API key: the environment variable TETHER_UNIT_CODEX_KEY is not set"
     monkeypatch.setenv("TETHER_UNIT_CODEX_KEY", "sk-1")
     assert provider.check() is None
+
+
+async def test_a_leftover_codex_is_ended_and_a_reused_pid_is_not() -> None:
+    """``end_leftover`` ends the process group it recorded, and leaves alone a pid whose
+    process is another one now (another start time)."""
+    leftover = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        await end_leftover({"pid": other.pid, "start": _started(other.pid) - 1})  # a reused pid
+        await end_leftover({"pid": leftover.pid, "start": _started(leftover.pid)})
+        assert leftover.wait(5) == -signal.SIGKILL
+        assert other.poll() is None
+    finally:
+        for process in (leftover, other):
+            process.kill()
+            process.wait()
