@@ -97,11 +97,13 @@ def envs(tmp_path_factory: pytest.TempPathFactory, model: ResponsesServer) -> It
     with pytest.MonkeyPatch.context() as patch, codex_home() as home:
         patch.setenv(KEY_ENV, KEY)  # tether.launch.Server passes its environment on
         patch.setenv("CODEX_HOME", str(home))
-        with ThreadPoolExecutor(2) as pool:  # a loaded 2-core machine: allow a slow start
-            list(pool.map(lambda server: server.start(timeout=90), made.values()))
-        link(made["main"], made["peer"])
-        yield made
-        _shutdown(list(made.values()))
+        try:
+            with ThreadPoolExecutor(2) as pool:  # a loaded 2-core machine: allow a slow start
+                list(pool.map(lambda server: server.start(timeout=90), made.values()))
+            link(made["main"], made["peer"])
+            yield made
+        finally:  # also when a start failed: the other server runs
+            _shutdown(list(made.values()))
 
 
 @pytest.fixture
