@@ -13,9 +13,9 @@ cli_path = "claude"           # or the path of the executable
 model = "sonnet"
 permission_mode = "bypassPermissions"
 
-[providers.codex]             # codex exec --json
+[providers.codex]             # codex exec --json (npm install -g @openai/codex@0.169.0)
 executable = "codex"
-model = "gpt-5-codex"
+model = "gpt-5.5"
 api_key_env = "CODEX_API_KEY"
 
 [events]

@@ -19,6 +19,8 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from tether.launch import Server
+from tether.providers import PROVIDERS
+from tether.tools.mcp import DESCRIPTIONS, describe
 
 from .helpers import new_thread, reply, rule, runs_of, script, thread, wait_settled, wake_messages
 
@@ -212,3 +214,50 @@ def test_mcp_answers_at_exactly_that_path(module_server: Server) -> None:
     )
     assert answer.status_code == 200, (answer.status_code, answer.headers, answer.text)
     assert answer.headers.get("mcp-session-id")
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return ([node["$ref"]] if "$ref" in node else []) + [r for v in node.values() for r in _refs(v)]
+    return [r for v in node for r in _refs(v)] if isinstance(node, list) else []
+
+
+async def test_schemas_and_descriptions_are_exact(module_server: Server) -> None:
+    """What an agent reads through a real MCP client: every parameter described as it is for
+    that tool, enums for modes and the child's provider, a closed typed ``target``, and
+    self-contained schemas (no ``$ref``: agents' clients do not follow them)."""
+    async with session(f"{module_server.url}/mcp", module_server.token) as mcp:
+        tools = {tool.name: tool for tool in (await mcp.list_tools()).tools}
+    for name, tool in tools.items():
+        assert tool.description == DESCRIPTIONS[name]
+        assert not _refs(tool.input_schema), name
+        for parameter, schema in tool.input_schema.get("properties", {}).items():
+            assert schema["description"] == describe(name, parameter), (name, parameter)
+
+    delegate = tools["delegate_task"].input_schema["properties"]
+    assert delegate["mode"]["enum"] == ["async", "wait"]
+    [target] = [s for s in delegate["target"]["anyOf"] if s.get("type") == "object"]
+    assert target["additionalProperties"] is False
+    assert set(target["properties"]) == {"environmentId", "provider", "model"}
+    assert target["properties"]["provider"]["enum"] == list(PROVIDERS)
+    assert all(field["description"] for field in target["properties"].values())
+    assert "required" not in target
+
+    send = tools["thread_send"].input_schema["properties"]["mode"]
+    assert send["enum"] == ["auto", "queue"] and send["default"] == "auto"
+    assert "auto" in send["description"] and "async" not in send["description"]
+    monitor = tools["monitor_start"].input_schema["properties"]
+    assert "wait" not in monitor["timeoutMs"]["description"] and "Kill" in monitor["timeoutMs"]["description"]
+    assert "label" in monitor["id"]["description"]
+    assert set(monitor) == {"command", "persistent", "timeoutMs", "id"}
+
+
+async def test_a_value_outside_an_enum_is_refused(module_server: Server, module_client: httpx.Client) -> None:
+    before = module_client.get("/api/tasks").json()["tasks"]
+    async with session(f"{module_server.url}/mcp", module_server.token) as mcp:
+        bad_mode = await mcp.call_tool("delegate_task", {"task": "x", "mode": "later"})
+        bad_target = await mcp.call_tool("delegate_task", {"task": "x", "target": {"provider": "nope"}})
+        extra = await mcp.call_tool("delegate_task", {"task": "x", "target": {"host": "elsewhere"}})
+    for result in (bad_mode, bad_target, extra):
+        assert result.is_error, result
+    assert module_client.get("/api/tasks").json()["tasks"] == before

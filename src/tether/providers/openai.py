@@ -35,7 +35,8 @@ import importlib.util
 import inspect
 import json
 import os
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError, create_model
@@ -73,14 +74,14 @@ def _bash(command: str, background: bool = False, timeoutMs: int | None = None) 
     """Signature of the built-in ``bash`` tool (its schema is generated from this)."""
 
 
-def _arguments_model(name: str, function: Any, descriptions: dict[str, str]) -> type[BaseModel]:
+def _arguments_model(name: str, function: Any, describe: Callable[[str], str | None]) -> type[BaseModel]:
     """A pydantic model of a function's parameters (minus ``self`` and ``caller``)."""
     fields: dict[str, Any] = {}
     for parameter in inspect.signature(function, eval_str=True).parameters.values():
         if parameter.name in ("self", "caller"):
             continue
         default = ... if parameter.default is inspect.Parameter.empty else parameter.default
-        annotated = Annotated[parameter.annotation, Field(description=descriptions.get(parameter.name))]
+        annotated = Annotated[parameter.annotation, Field(description=describe(parameter.name))]
         fields[parameter.name] = (annotated, default)
     return create_model(f"{name}_arguments", **fields)
 
@@ -93,17 +94,19 @@ def _schema(model: type[BaseModel]) -> dict[str, Any]:
             return [strip(v) for v in value]
         return value
 
-    return strip(model.model_json_schema())
+    from tether.tools.mcp import inline_refs
+
+    return strip(inline_refs(model.model_json_schema()))
 
 
 @cache
 def tool_models() -> dict[str, type[BaseModel]]:
     """Argument models of every tool offered to the model, by name."""
-    from tether.tools.mcp import DESCRIPTIONS, PARAMETERS  # the MCP SDK loads only when a model runs
+    from tether.tools.mcp import DESCRIPTIONS, describe  # the MCP SDK loads only when a model runs
 
-    models = {"bash": _arguments_model("bash", _bash, BASH_PARAMETERS)}
+    models = {"bash": _arguments_model("bash", _bash, BASH_PARAMETERS.get)}
     for name in DESCRIPTIONS:
-        models[name] = _arguments_model(name, getattr(Tools, name), PARAMETERS)
+        models[name] = _arguments_model(name, getattr(Tools, name), partial(describe, name))
     return models
 
 

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.api.errors import error_response
 from tether.errors import TetherError, Unauthorized
-from tether.tools.surface import Tools
+from tether.tools.surface import DEFAULT_WAIT_MS, MAX_WAIT_MS, Tools
 
 if TYPE_CHECKING:
     from tether.environment import Environment
@@ -54,8 +54,9 @@ DESCRIPTIONS: dict[str, str] = {
         "completion wake over waiting on your own children."
     ),
     "thread_send": (
-        "Send a message to a thread (here or in a linked environment). Sent to your own child after its "
-        "task completed, it opens a follow-up task: the child's next answer wakes you."
+        "Send a message to a thread (here or in a linked environment): it starts a run there, or queues "
+        "behind the running one. Sent to your own child after its task completed, it opens a follow-up "
+        "task: the child's next answer wakes you."
     ),
     "thread_read": "Read a thread's messages after a position (oldest first).",
     "thread_interrupt": "Stop a thread's running turn; with stop, also its queued turns and background work.",
@@ -65,44 +66,98 @@ DESCRIPTIONS: dict[str, str] = {
         "complete) until it ends, and its end wakes you."
     ),
     "monitor_start": (
-        "Run a command whose output lines wake you (progress turns) and whose end wakes you once more. "
-        "A non-persistent monitor keeps your task open until it ends; a persistent one does not."
+        "Run a shell command in the background whose output lines wake you (monitor_event turns, lines "
+        "that arrive while you run are folded into one) and whose end wakes you once more "
+        "(monitor_finished). Returns the monitor's id at once. A non-persistent monitor keeps your task "
+        "open until it ends; a persistent one does not."
     ),
     "schedule_wake": (
-        "Wake yourself after inMs milliseconds with text. With hold, your task stays open until then."
+        "Wake yourself after inMs milliseconds with text (a scheduled turn). With hold, your task stays "
+        "open until then."
     ),
     "environment_links": "This environment's id and name, and the environments it links to.",
 }
 
+_WAIT = f"0 to {MAX_WAIT_MS}; default {DEFAULT_WAIT_MS}"
+
+#: Parameter descriptions shared by every tool that has the parameter ...
 PARAMETERS: dict[str, str] = {
-    "task": "What the child should do: text, or a script object for the script provider.",
-    "target": "Where to run the child: {environmentId (a linked environment's id or name), provider, model}.",
-    "mode": "'async' (default: returns at once) or 'wait' (blocks until done or timeoutMs).",
-    "timeoutMs": "Upper bound of the wait, in milliseconds.",
-    "hold": "Keep yourself unsettled until this finishes (default true for tasks, false for wakes).",
-    "title": "A short title shown in lists and in the completion wake.",
-    "deadlineMs": "Milliseconds after which, if the task is still open, onDeadline happens (default: none).",
-    "onDeadline": (
-        "'wake' (default): you get one task_deadline turn saying how the task stands, and the task "
-        "goes on; 'cancel': the task is cancelled and you are woken with status cancelled."
-    ),
-    "clientRequestId": "Idempotency key: repeating a call with the same key returns the first outcome.",
     "taskId": "The task id (tsk_…).",
-    "reason": "Why, shown to the people watching.",
     "threadId": "The thread id (thr_…).",
     "environmentId": "A linked environment's id or name; leave out for this environment.",
-    "untilSettled": "Wait for settled (no held background work either), not just idle.",
-    "afterRunId": "Also wait until this run and every run before it have ended.",
-    "message": "The message text.",
-    "afterPosition": "Only messages after this position.",
-    "limit": "At most this many messages.",
-    "stop": "Also cancel queued turns and all background work.",
-    "id": "The background command's id or label.",
-    "command": "The shell command (runs in the environment's workspace).",
-    "persistent": "A persistent monitor does not keep your task open.",
-    "inMs": "Milliseconds from now.",
-    "text": "The text you will be woken with.",
+    "clientRequestId": "Idempotency key: repeating a call with the same key returns the first outcome.",
 }
+
+#: ... and those of one tool.
+TOOL_PARAMETERS: dict[str, dict[str, str]] = {
+    "delegate_task": {
+        "task": "What the child should do: text, or a script object for the script provider.",
+        "target": "Where the child runs; leave out for this environment's default provider and model.",
+        "mode": "'async' (default): return at once; 'wait': block until the task ends or timeoutMs passes.",
+        "timeoutMs": f"With mode 'wait': the longest to block, in milliseconds ({_WAIT}).",
+        "hold": "Keep your own task open until this child's task ends (default true).",
+        "title": "A short title, shown in lists and in the completion wake.",
+        "deadlineMs": "Milliseconds after which, if the task is still open, onDeadline happens "
+        "(default: none).",
+        "onDeadline": (
+            "'wake' (default): you get one task_deadline turn saying how the task stands, and the task "
+            "goes on; 'cancel': the task is cancelled and you are woken with status cancelled."
+        ),
+    },
+    "task_cancel": {"reason": "Why, shown to the people watching."},
+    "thread_wait": {
+        "untilSettled": "Wait until settled (no held background work either), not just idle.",
+        "afterRunId": "Also wait until this run and every run before it have ended.",
+        "timeoutMs": f"The longest to block, in milliseconds ({_WAIT}); then timedOut is true.",
+    },
+    "thread_send": {
+        "message": "The message text.",
+        "mode": "'auto' (default) or 'queue': either way the message starts a run when the thread is "
+        "idle and queues behind its running one otherwise; the answer's delivery says which.",
+    },
+    "thread_read": {
+        "afterPosition": "Only messages after this position (default 0: from the first).",
+        "limit": "At most this many messages (default 100).",
+    },
+    "thread_interrupt": {"stop": "Also cancel the thread's queued turns and stop all its background work."},
+    "background_wait": {"id": "The background command's id (bg_…) or its label."},
+    "monitor_start": {
+        "command": "The shell command; it runs in the environment's workspace.",
+        "persistent": "false (default): the monitor keeps your task open until it ends; true: it does not.",
+        "timeoutMs": "Kill the command after this many milliseconds (its end still wakes you); "
+        "default: no limit.",
+        "id": "A label of your choice for the monitor, shown in lists and accepted wherever its id is.",
+    },
+    "schedule_wake": {
+        "inMs": "Milliseconds from now (0 or more).",
+        "text": "The text of the turn you will be woken with.",
+        "hold": "Keep your task open until the wake (default false).",
+    },
+}
+
+
+def describe(tool: str, parameter: str) -> str:
+    """What the model reads about ``parameter`` of ``tool`` (a missing one is a bug: KeyError)."""
+    return TOOL_PARAMETERS.get(tool, {}).get(parameter) or PARAMETERS[parameter]
+
+
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with its ``$ref``s replaced by their definitions: agents' MCP clients
+    (Codex among them) read only plain, self-contained schemas."""
+    definitions = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                found = resolve(definitions[ref.rsplit("/", 1)[-1]])
+                return {**found, **{k: resolve(v) for k, v in node.items() if k != "$ref"}}
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return dict(resolve(schema))
 
 
 def _tool(tools: Tools, name: str, authenticate: Callable[[str | None], Any]) -> Callable[..., Any]:
@@ -110,7 +165,7 @@ def _tool(tools: Tools, name: str, authenticate: Callable[[str | None], Any]) ->
     method = getattr(tools, name)
     signature = inspect.signature(method, eval_str=True)
     parameters = [
-        p.replace(annotation=Annotated[p.annotation, Field(description=PARAMETERS.get(p.name, p.name))])
+        p.replace(annotation=Annotated[p.annotation, Field(description=describe(name, p.name))])
         for p in signature.parameters.values()
         if p.name != "caller"
     ]
@@ -215,6 +270,8 @@ def build(env: Environment) -> tuple[ASGIApp, Callable[[], Any]]:
     )
     for name, description in DESCRIPTIONS.items():
         server.add_tool(_tool(env.tools, name, env.authenticate), name=name, description=description)
+        tool = server._tool_manager.get_tool(name)
+        tool.parameters = inline_refs(tool.parameters)
     inner = server.streamable_http_app(
         streamable_http_path="/mcp",
         # Sessions carry no identity (each request's bearer token does); an idle one is

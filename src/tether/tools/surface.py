@@ -9,7 +9,10 @@ in SPEC §5, and returns a JSON-able dict. Failures raise :class:`~tether.errors
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from tether.domain.types import ItemKind
 from tether.engine.queries import Queries
@@ -22,6 +25,30 @@ if TYPE_CHECKING:
 #: Wait-mode calls and thread waits never block longer than this (G8).
 MAX_WAIT_MS = 3_600_000
 DEFAULT_WAIT_MS = 300_000
+
+#: The providers a child can run on (``tether.providers.PROVIDERS``; a unit test keeps them equal).
+ProviderName = Literal["script", "claude", "codex", "openai"]
+TaskMode = Literal["async", "wait"]
+SendMode = Literal["auto", "queue"]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Target(TypedDict, total=False):
+    """Where the child runs; every field is optional."""
+
+    environmentId: Annotated[
+        str, Field(description="A linked environment's id or name; leave out for this environment.")
+    ]
+    provider: Annotated[
+        ProviderName,
+        Field(
+            description="The child's agent; default: 'script' for a script object, else the "
+            "environment's default provider."
+        ),
+    ]
+    model: Annotated[
+        str, Field(description="The model of the child's provider; default: the provider's configured one.")
+    ]
 
 
 def _timeout(timeout_ms: int | None) -> float:
@@ -59,8 +86,8 @@ class Tools:
         self,
         caller: Caller,
         task: str | dict[str, Any],
-        target: dict[str, Any] | None = None,
-        mode: str = "async",
+        target: Target | None = None,
+        mode: TaskMode = "async",
         timeoutMs: int | None = None,
         hold: bool = True,
         title: str | None = None,
@@ -69,7 +96,7 @@ class Tools:
         clientRequestId: str | None = None,
     ) -> dict[str, Any]:
         text = task if isinstance(task, str) else json.dumps(task)
-        target = target or {}
+        target = target or Target()
         provider = target.get("provider") or ("script" if isinstance(task, dict) else None)
         timeout = _timeout(timeoutMs)
         model = target.get("model")
@@ -163,7 +190,7 @@ class Tools:
         threadId: str,
         message: str,
         environmentId: str | None = None,
-        mode: str = "auto",
+        mode: SendMode = "auto",
         clientRequestId: str | None = None,
     ) -> dict[str, Any]:
         if not self._is_local(environmentId):
