@@ -26,10 +26,14 @@ def free_port() -> int:
 
 
 class Server:
-    """One ``tether serve`` process. ``kill()`` is SIGKILL; ``start()`` again reuses the data."""
+    """One ``tether serve`` process. ``kill()`` is SIGKILL; ``start()`` again reuses the data.
+    ``env`` adds environment variables (e.g. where an agent CLI finds its model service)."""
 
-    def __init__(self, data: Path, name: str, port: int | None = None) -> None:
+    def __init__(
+        self, data: Path, name: str, port: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.data = data
+        self.env = dict(env or {})
         self.name = name
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -62,7 +66,7 @@ class Server:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -1,0 +1,140 @@
+"""The ``claude`` provider against the REAL Claude Code CLI (the one the ``claude-agent-sdk``
+wheel bundles), whose model is the scripted Anthropic Messages API server of
+``models/anthropic_server.py``: real background Bash, the real Monitor tool, real task
+notifications and the turns the CLI starts itself, real MCP calls to tether's ``/mcp``.
+
+Each child's task text scripts the model (``model_script``); parents are script threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tether.launch import Server
+
+from .conftest import _shutdown
+from .helpers import delegate, probe_1_with, reply, rule, runs_of, script, thread
+from .links.linkkit import assert_delivered_once, await_finished, link, new_thread, start_all
+from .models.anthropic_server import ModelServer
+from .models.claudekit import bash, claude_server, load, model_script, monitor, requires_cli, say
+
+pytestmark = requires_cli
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
+    server = ModelServer(tmp_path_factory.mktemp("model") / "requests.jsonl").start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, model: ModelServer) -> Iterator[dict[str, Server]]:
+    """``main`` (script parents, and local claude children) linked to ``child`` (remote
+    claude children)."""
+    root = tmp_path_factory.mktemp("claude-cli")
+    main = claude_server(root / "main", "main", model)
+    child = claude_server(root / "child", "child", model)
+    start_all([main, child])
+    link(main, child)
+    yield {"main": main, "child": child}
+    _shutdown([main, child])
+
+
+@pytest.fixture
+def client(pair: dict[str, Server]) -> Iterator[httpx.Client]:
+    with pair["main"].client() as found:
+        yield found
+
+
+MONITOR_CHILD = model_script(
+    start=[load("Monitor"), monitor("for i in 1 2 3; do sleep 0.4; echo line$i; done"), say("WAITING")],
+    event=[[say("PROGRESS")]],
+    end=[[say("FINAL")]],
+)
+
+
+def delegated(origin: Server, task: str, environment: str | None = None) -> dict[str, Any]:
+    """A script parent delegates ``task`` to a claude child (in ``environment``), waits
+    until FINAL reached it and every task is delivered; the records to check."""
+    extra = {"environment": environment} if environment else {}
+    parent = script(
+        rule("start", delegate(task, provider="claude", title="claude child", **extra), reply("delegated")),
+        rule("delegated_task", reply("got {{text}}"), repeat=True),
+    )
+    parent_id = new_thread(origin, parent)
+    tasks, view = await_finished(origin, parent_id)
+    assert_delivered_once(tasks, view)
+    return {"tasks": tasks, "parent": view, "parentId": parent_id}
+
+
+def child_view(pair: dict[str, Server], record: dict[str, Any], where: str) -> dict[str, Any]:
+    server = pair["main"] if where == "local" else pair["child"]
+    with server.client() as client:
+        return thread(client, record["tasks"][0]["childThreadId"])
+
+
+def answers(child: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    return [(r["trigger"]["kind"], r["status"], r["reply"]) for r in child["runs"]]
+
+
+# ---------------------------------------------------------------------------- probe 1
+
+
+def test_probe_1_local(pair: dict[str, Server], client: httpx.Client) -> None:
+    """Background Bash: WAITING is the task's result, FINAL comes as a follow-up, once."""
+    record = probe_1_with(pair["main"], client, "claude")
+    row = record["row"]
+    assert row["delivered"] and row["finalCount"] == 1 and row["deliveredAs"] == "follow-up", row
+    assert answers(record["child"]) == [
+        ("task", "completed", "WAITING"),
+        ("background_command", "completed", "FINAL"),
+    ]
+    [item] = record["child"]["background"]
+    assert (item["kind"], item["status"], item["exitCode"]) == ("command", "ended", 0)
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_probe_1_background_bash(pair: dict[str, Server], where: str) -> None:
+    task = model_script(
+        start=[bash("sleep 1; echo OK", background=True), say("WAITING")], end=[[say("FINAL")]]
+    )
+    record = delegated(pair["main"], task, None if where == "local" else "child")
+    root = next(t for t in record["tasks"] if not t["followUpOf"])
+    assert root["result"]["text"] == "WAITING"
+    [follow_up] = [t for t in record["tasks"] if t["followUpOf"]]
+    assert follow_up["result"]["text"] == "FINAL"
+    child = child_view(pair, record, where)
+    assert answers(child) == [("task", "completed", "WAITING"), ("background_command", "completed", "FINAL")]
+
+
+# ---------------------------------------------------------------------------- probe 2
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_probe_2_monitor(pair: dict[str, Server], where: str) -> None:
+    """The real Monitor tool: the monitor is held, so FINAL is the task's result, once."""
+    record = delegated(pair["main"], MONITOR_CHILD, None if where == "local" else "child")
+    [task] = record["tasks"]
+    assert task["result"]["text"] == "FINAL"
+    child = child_view(pair, record, where)
+    [item] = child["background"]
+    assert (item["kind"], item["status"]) == ("monitor", "ended")
+    assert runs_of(child, "monitor_finished")[-1]["reply"] == "FINAL"
+
+
+def test_model_server_saw_only_the_agent_loop_and_side_requests(model: ModelServer) -> None:
+    """What the CLI asks of the model service (kept here so a CLI update that starts asking
+    for something new shows up)."""
+    paths = {(r["method"], r["path"].split("?")[0]) for r in model.requests}
+    assert ("POST", "/v1/messages") in paths
+    assert paths <= {
+        ("POST", "/v1/messages"),
+        ("POST", "/v1/messages/count_tokens"),
+        ("HEAD", "/api/hello"),
+        ("GET", "/api/hello"),
+    }, paths
