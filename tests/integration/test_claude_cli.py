@@ -9,6 +9,7 @@ Each child's task text scripts the model (``model_script``); parents are script 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +19,15 @@ from tether.launch import Server
 
 from .conftest import _shutdown
 from .helpers import delegate, probe_1_with, reply, rule, runs_of, script, thread
-from .links.linkkit import assert_delivered_once, await_finished, link, new_thread, start_all
+from .links.linkkit import (
+    assert_delivered_once,
+    await_finished,
+    first_run_done_with_command,
+    link,
+    new_thread,
+    remote_child_started,
+    start_all,
+)
 from .models.anthropic_server import ModelServer
 from .models.claudekit import bash, claude_server, load, model_script, monitor, requires_cli, say
 
@@ -42,7 +51,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory, model: ModelServer) -> Iterat
     start_all([main, child])
     link(main, child)
     yield {"main": main, "child": child}
-    _shutdown([main, child])
+    stopped(main, child)
 
 
 @pytest.fixture
@@ -138,3 +147,59 @@ def test_model_server_saw_only_the_agent_loop_and_side_requests(model: ModelServ
         ("HEAD", "/api/hello"),
         ("GET", "/api/hello"),
     }, paths
+
+
+# ---------------------------------------------------------------------------- restarts (G1, G6)
+
+
+@pytest.fixture
+def victim(tmp_path: Path, model: ModelServer, pair: dict[str, Server]) -> Iterator[Server]:
+    """A child environment of its own, linked from ``main``, for a test that stops it."""
+    name = f"victim-{tmp_path.name[-12:]}"
+    child = claude_server(tmp_path / name, name, model).start()
+    link(pair["main"], child)
+    yield child
+    stopped(child)
+
+
+def stopped(*servers: Server) -> None:
+    """SIGKILL (quicker than a graceful stop with sessions open; nothing there is awaited),
+    then what ``_shutdown`` cleans."""
+    for server in servers:
+        server.kill()
+    _shutdown(list(servers))
+
+
+@pytest.mark.parametrize(
+    ("stop", "ends"),
+    [("SIGKILL", "after the restart"), ("SIGTERM", "while tether is down")],
+)
+def test_a_stop_of_the_childs_environment_loses_no_answer(
+    pair: dict[str, Server], victim: Server, tmp_path: Path, stop: str, ends: str
+) -> None:
+    """The child's environment is stopped while a background Bash of Claude Code runs. The
+    CLI lives on, runs its wake turn (FINAL) when the command ends — before or after tether
+    is back — and the restarted environment delivers that FINAL to the parent, once."""
+    main, child = pair["main"], victim
+    gate = tmp_path / "gate"
+    task = model_script(
+        start=[bash(f"while [ ! -e {gate} ]; do sleep 0.05; done; echo OK", background=True), say("WAITING")],
+        end=[[say("FINAL")]],
+    )
+    parent = script(
+        rule("start", delegate(task, provider="claude", environment=child.name), reply("delegated")),
+        rule("delegated_task", reply("got {{text}}"), repeat=True),
+    )
+    parent_id = new_thread(main, parent)
+    child_id, _ = remote_child_started(main, child, parent_id, first_run_done_with_command)
+    child.kill() if stop == "SIGKILL" else child.stop()
+    if ends == "while tether is down":
+        gate.touch()
+    child.start()
+    if ends == "after the restart":
+        gate.touch()
+    tasks, view = await_finished(main, parent_id)
+    assert_delivered_once(tasks, view)
+    with child.client() as client:
+        runs = answers(thread(client, child_id))
+    assert runs == [("task", "completed", "WAITING"), ("background_command", "completed", "FINAL")], runs

@@ -48,12 +48,15 @@ import logging
 import os
 import re
 import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tether.domain.records import Item, Thread
+from tether.engine.processes import process_start_time
 from tether.providers.base import Turn
 from tether.types import Caller
 
@@ -82,6 +85,7 @@ UPDATED_END = {"completed": None, "failed": "failed", "killed": "stopped"}
 WAKE_TRIGGERS = {"background_command", "monitor_event", "monitor_finished"}
 _EXIT_CODE = re.compile(r"exit code:?\s*(-?\d+)", re.IGNORECASE)
 _PROMPTED = {"user", "task", "message"}
+LOST = "lost: the Claude Code session ended"
 
 SYSTEM_PROMPT = (
     "You run inside tether, as one agent thread (id {thread_id}). Long work (test suites, builds) "
@@ -89,6 +93,101 @@ SYSTEM_PROMPT = (
     "tether's tools are on the MCP server 'tether': delegate work to other agent threads with "
     "delegate_task; their answers come back to you as new turns, so never poll for them."
 )
+
+
+#: The executable tether gives the SDK: it starts Claude Code in a session (process group)
+#: of its own and writes its pid down. A stop of tether — SIGKILL, or SIGTERM, whose
+#: clean-up kills the SDK's child — then ends this shim only: the CLI lives on while it has
+#: background work, finishes it, writes its wake turn into the session's transcript and
+#: exits; the restarted tether adopts it (``ClaudeProvider.adopt``).
+SHIM = """#!{python}
+import os, signal, subprocess, sys
+env = dict(os.environ)
+cli, pidfile = env.pop("TETHER_CLAUDE_CLI"), env.pop("TETHER_CLAUDE_PIDFILE")
+child = subprocess.Popen([cli, *sys.argv[1:]], env=env, start_new_session=True)
+with open(pidfile + ".tmp", "w") as out:
+    out.write(str(child.pid))
+os.replace(pidfile + ".tmp", pidfile)
+signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+code = child.wait()
+sys.exit(code if code >= 0 else 128 - code)
+"""
+_NOTICE = re.compile(r"<task-notification>(.*?)</task-notification>", re.DOTALL)
+
+
+def _tag(text: str, name: str) -> str | None:
+    found = re.search(rf"<{name}>(.*?)</{name}>", text, re.DOTALL)
+    return found.group(1).strip() if found else None
+
+
+def _exit_code(summary: str | None, code: Any = None) -> int | None:
+    if code is None and summary:
+        found = _EXIT_CODE.search(summary)
+        code = int(found.group(1)) if found else None
+    return int(code) if isinstance(code, int | str) and str(code).lstrip("-").isdigit() else None
+
+
+@dataclass
+class WrittenTurn:
+    """A wake turn Claude Code wrote into its session's transcript while tether was not
+    reading it (tether was stopped; the CLI lived on): the end it reacted to, and its texts."""
+
+    status: str
+    summary: str | None
+    texts: list[str] = field(default_factory=list)
+    complete: bool = False
+
+
+def written_turns(messages: list[Any]) -> dict[str, WrittenTurn]:
+    """Task id → the turn that reacted to that task's end, read from a transcript
+    (``claude_agent_sdk.get_session_messages``): a user message with a
+    ``<task-notification>`` that has a ``<status>``, then the assistant's messages up to the
+    next prompt. ``complete`` once the assistant ended the turn (not at a tool call)."""
+    found: dict[str, WrittenTurn] = {}
+    current: list[WrittenTurn] = []
+    for message in messages:
+        body = message.message if isinstance(message.message, dict) else {}
+        content = body.get("content")
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": content or ""}]
+        if message.type == "user":
+            if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
+                continue
+            text = "\n".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+            current = []
+            for notice in _NOTICE.findall(text):
+                task_id, status = _tag(notice, "task-id"), _tag(notice, "status")
+                if task_id and status:
+                    found[task_id] = WrittenTurn(status, _tag(notice, "summary"))
+                    current.append(found[task_id])
+        elif message.type == "assistant" and current:
+            texts = [str(b.get("text")) for b in blocks if isinstance(b, dict) and b.get("type") == "text"]
+            texts = [text for text in texts if text]
+            done = body.get("stop_reason") not in (None, "tool_use")
+            for turn in current:
+                turn.texts.extend(texts)
+                turn.complete = done
+    return found
+
+
+async def process_exit(pid: int, start: str | None) -> None:
+    """Return once process ``pid`` (started at ``start``, so not a recycled pid) has ended;
+    it need not be our child. A pidfd tells when; without one, a check every half second."""
+    if start is None or process_start_time(pid) != start:
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        while process_start_time(pid) == start:
+            await asyncio.sleep(0.5)  # no pidfd here: nothing to await but time
+        return
+    ended = asyncio.Event()
+    loop.add_reader(fd, ended.set)
+    try:
+        await ended.wait()
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 class ClaudeError(Exception):
@@ -355,11 +454,7 @@ class ClaudeSession:
             return
         self.ended.add(task_id)
         self.end_seq[item_id] = self.seq if seq is None else seq
-        if code is None and summary:
-            found = _EXIT_CODE.search(summary)
-            code = int(found.group(1)) if found else None
-        exit_code = int(code) if isinstance(code, int | str) and str(code).lstrip("-").isdigit() else None
-        self.commands.process_ended(item_id, exit_code, reason=reason, tail=summary or None)
+        self.commands.process_ended(item_id, _exit_code(summary, code), reason=reason, tail=summary or None)
 
     def _lose_tasks(self) -> None:
         """The CLI is gone, and its background tasks with it: end their items (their wake
@@ -373,9 +468,14 @@ class ClaudeSession:
             self.ended.add(task_id)
             self.end_seq[item_id] = self.seq
             with contextlib.suppress(Exception):
-                self.commands.process_ended(item_id, None, reason="lost: the Claude Code session ended")
+                self.commands.process_ended(item_id, None, reason=LOST)
 
     # ------------------------------------------------------------------ runs
+
+    @property
+    def busy(self) -> bool:
+        """Background work of this session is still running."""
+        return any(task_id not in self.ended for task_id in self.tasks)
 
     def owns(self, item_id: str | None) -> bool:
         """The item is background work of this (live) session."""
@@ -455,8 +555,11 @@ class ClaudeSession:
             await asyncio.wait_for(asyncio.shield(self.client.interrupt()), 5)
 
     async def close(self) -> None:
+        """End the session — unless it has background work running: then leave the CLI
+        alone (only the shim dies with tether), so that it finishes that work and writes its
+        wake turn, which the restarted tether recovers (``ClaudeProvider.adopt``)."""
         self.closing = True
-        if self.client is not None:
+        if self.client is not None and not (self.busy and not self.dead):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.client.disconnect(), 20)
         if self.reader is not None:
@@ -488,6 +591,7 @@ class ClaudeProvider:
         self.credential_ttl_s = int(config.get("credential_ttl_s", 7 * 24 * 3600))
         self._sessions: dict[str, ClaudeSession] = {}
         self._opening: dict[str, asyncio.Lock] = {}
+        self._adopted: set[asyncio.Task[None]] = set()
 
     def executable(self) -> str | None:
         path = Path(self.cli_path).expanduser()
@@ -503,13 +607,84 @@ class ClaudeProvider:
         return None
 
     async def close(self) -> None:
+        for task in list(self._adopted):
+            task.cancel()
         sessions, self._sessions = list(self._sessions.values()), {}
-        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+        await asyncio.gather(*(s.close() for s in sessions), *self._adopted, return_exceptions=True)
+
+    # ------------------------------------------------------------------ after a restart
+
+    def adopt(self, runtime: Any, items: list[Item]) -> None:
+        """After a restart: background work of Claude Code sessions tether no longer reads.
+        Their CLI lived on (see ``SHIM``); once it exits, each item ends as its transcript
+        says — and its wake run takes the turn the CLI wrote (``_written``) — or as lost."""
+        by_thread: dict[str, list[Item]] = {}
+        for item in items:
+            by_thread.setdefault(item.thread_id, []).append(item)
+        for thread_id, its in by_thread.items():
+            task = asyncio.get_running_loop().create_task(
+                self._follow(runtime, thread_id, its), name=f"claude orphan of {thread_id}"
+            )
+            self._adopted.add(task)
+            task.add_done_callback(self._adopted.discard)
+
+    async def _follow(self, runtime: Any, thread_id: str, items: list[Item]) -> None:
+        written: dict[str, WrittenTurn] = {}
+        try:
+            with runtime.store.transaction() as tx:
+                thread = tx.get(Thread, thread_id)
+            saved = (thread.state.get("claude") or {}) if thread is not None else {}
+            if saved.get("pid"):
+                await process_exit(int(saved["pid"]), saved.get("pidStart"))
+            written = await self._transcript(saved.get("sessionId"), runtime.workspace)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # never leave the items open: they end as lost below
+            log.exception("claude thread %s: could not follow its orphaned session", thread_id)
+        for item in items:
+            end = written.get(item.label or "")
+            try:
+                if end is None:
+                    runtime.commands.process_ended(item.id, None, reason=LOST)
+                else:
+                    code, reason = _exit_code(end.summary), NOTIFICATION_END.get(end.status, "failed")
+                    runtime.commands.process_ended(item.id, code, reason=reason, tail=end.summary)
+            except Exception:
+                log.exception("claude thread %s: could not end item %s", thread_id, item.id)
+
+    @staticmethod
+    async def _transcript(session_id: str | None, workspace: Path) -> dict[str, WrittenTurn]:
+        if not session_id:
+            return {}
+        _load_sdk()
+        messages = await asyncio.to_thread(sdk.get_session_messages, session_id, str(workspace))
+        return written_turns(messages)
+
+    async def _written(self, turn: Turn, item_id: str | None) -> WrittenTurn | None:
+        """The wake turn Claude Code wrote for ``item_id``'s end while tether was down."""
+        if not item_id:
+            return None
+        with turn.runtime.store.transaction() as tx:
+            item = tx.get(Item, item_id)
+        if item is None or item.runner != self.name or not item.label:
+            return None
+        session_id = (turn.thread.state.get("claude") or {}).get("sessionId")
+        found = (await self._transcript(session_id, turn.workspace)).get(item.label)
+        return found if found is not None and found.complete else None
+
+    # ------------------------------------------------------------------ turns
 
     async def run_turn(self, turn: Turn) -> str | None:
-        session = await self._session(turn)
         kind = str(turn.run.trigger.get("kind"))
         item_id = turn.run.trigger.get("key")
+        live = self._sessions.get(turn.thread.id)
+        if kind in WAKE_TRIGGERS and not (live is not None and live.owns(item_id)):
+            written = await self._written(turn, item_id)
+            if written is not None:
+                for text in written.texts:
+                    turn.say(text)
+                return written.texts[-1] if written.texts else None
+        session = await self._session(turn)
         if kind in WAKE_TRIGGERS and session.owns(item_id):
             claimed = await session.wake(item_id, turn.run.id, self.wake_grace_s)
             if not claimed:
@@ -569,8 +744,17 @@ class ClaudeProvider:
         append = SYSTEM_PROMPT.format(thread_id=turn.thread.id)
         if self.append_system_prompt:
             append += "\n\n" + self.append_system_prompt
+        cli_dir = self._cli_dir(turn)
+        env = {"CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS": "1", "TETHER_THREAD_ID": turn.thread.id}
+        cli_path = self.executable() or self.cli_path
+        pidfile = None
+        if cli_dir is not None:
+            pidfile = cli_dir / f"{turn.thread.id}.pid"
+            pidfile.unlink(missing_ok=True)
+            env.update(TETHER_CLAUDE_CLI=cli_path, TETHER_CLAUDE_PIDFILE=str(pidfile))
+            cli_path = str(self._shim(cli_dir))
         options = sdk.ClaudeAgentOptions(
-            cli_path=self.executable() or self.cli_path,
+            cli_path=cli_path,
             cwd=str(turn.workspace),
             model=self.model,
             permission_mode=self.permission_mode,
@@ -578,17 +762,52 @@ class ClaudeProvider:
             system_prompt={"type": "preset", "preset": "claude_code", "append": append},
             resume=resume,
             mcp_servers=self._mcp_config(turn) or {},
-            env={"CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS": "1", "TETHER_THREAD_ID": turn.thread.id},
+            env=env,
             stderr=session.on_stderr,
         )
         client = sdk.ClaudeSDKClient(options)
         await client.connect()
         session.client = client
         session.session_id = resume
+        if pidfile is not None:
+            self._remember_cli(turn, pidfile)
         session.reader = asyncio.get_running_loop().create_task(
             session.read(client.receive_messages()), name=f"claude {turn.thread.id}"
         )
         return session
+
+    @staticmethod
+    def _cli_dir(turn: Turn) -> Path | None:
+        """Where this environment keeps the shim, the pid files and MCP configs."""
+        environment = turn.runtime.environment
+        if environment is None:
+            return None
+        directory = Path(environment.data_dir) / "providers" / "claude"
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
+    @staticmethod
+    def _shim(directory: Path) -> Path:
+        path = directory / "claude-shim"
+        body = SHIM.format(python=sys.executable)
+        if not path.exists() or path.read_text() != body:
+            fd = os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(body)
+            os.replace(f"{path}.tmp", path)
+        return path
+
+    @staticmethod
+    def _remember_cli(turn: Turn, pidfile: Path) -> None:
+        """Keep the CLI's pid (and start time) in the thread: after a restart, tether knows
+        which process still runs the session's background work."""
+        try:
+            pid = int(pidfile.read_text())
+        except (OSError, ValueError):
+            return
+        saved = dict(turn.thread.state.get("claude") or {})
+        saved.update(pid=pid, pidStart=process_start_time(pid))
+        turn.save_state({**turn.thread.state, "claude": saved})
 
     def _mcp_config(self, turn: Turn) -> str | None:
         """A ``--mcp-config`` file (mode 0600) naming tether's ``/mcp`` with a fresh
@@ -603,9 +822,7 @@ class ClaudeProvider:
         _, token = environment.mint_token(
             f"claude session of {turn.thread.id}", "thread", turn.thread.id, self.credential_ttl_s
         )
-        directory = Path(environment.data_dir) / "providers" / "claude"
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{turn.thread.id}.mcp.json"
+        path = Path(environment.data_dir) / "providers" / "claude" / f"{turn.thread.id}.mcp.json"
         body = {
             "mcpServers": {
                 "tether": {

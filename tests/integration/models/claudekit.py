@@ -43,8 +43,17 @@ def cli_env(model: ModelServer, root: Path) -> dict[str, str]:
     }
 
 
+class CliServer(Server):
+    """A server given more time to start: the CI machine is shared, and a start beside a
+    running Claude Code (a 400 MB executable) can be slow."""
+
+    def start(self, timeout: float = 60.0) -> CliServer:
+        super().start(timeout)
+        return self
+
+
 def claude_server(
-    data: Path, name: str, model: ModelServer, extra: str = "", server_type: type[Server] = Server
+    data: Path, name: str, model: ModelServer, extra: str = "", server_type: type[Server] = CliServer
 ) -> Server:
     """A ``tether serve`` (not started) whose ``claude`` provider runs the bundled CLI."""
     data.mkdir(parents=True, exist_ok=True)
