@@ -27,6 +27,7 @@ from .links.linkkit import (
     new_thread,
     remote_child_started,
     start_all,
+    wake_messages,
 )
 from .models.anthropic_server import ModelServer
 from .models.claudekit import bash, claude_server, load, model_script, monitor, requires_cli, say
@@ -126,14 +127,23 @@ def test_probe_1_background_bash(pair: dict[str, Server], where: str) -> None:
 
 @pytest.mark.parametrize("where", ["local", "remote"])
 def test_probe_2_monitor(pair: dict[str, Server], where: str) -> None:
-    """The real Monitor tool: the monitor is held, so FINAL is the task's result, once."""
+    """The real Monitor tool: the monitor is held, so FINAL is the task's result, once. Each
+    event is a turn the CLI starts itself: a ``monitor_event`` progress run (G4), whose
+    PROGRESS is in ``progress[]`` and in no result or wake."""
     record = delegated(pair["main"], MONITOR_CHILD, None if where == "local" else "child")
     [task] = record["tasks"]
     assert task["result"]["text"] == "FINAL"
     child = child_view(pair, record, where)
     [item] = child["background"]
     assert (item["kind"], item["status"]) == ("monitor", "ended")
-    assert runs_of(child, "monitor_finished")[-1]["reply"] == "FINAL"
+    [finished] = runs_of(child, "monitor_finished")
+    assert finished["reply"] == "FINAL"
+    events = runs_of(child, "monitor_event")
+    assert events and all((r["status"], r["reply"]) == ("completed", "PROGRESS") for r in events), events
+    assert [p["text"] for p in task["progress"]] == ["PROGRESS"] * len(events)
+    notices = [m["text"] for m in child["messages"] if (m["source"] or {}).get("kind") == "monitor_event"]
+    assert notices and all(n.startswith("line") for n in notices), notices
+    assert all("PROGRESS" not in m["text"] for m in wake_messages(record["parent"]))
 
 
 def test_model_server_saw_only_the_agent_loop_and_side_requests(model: ModelServer) -> None:
@@ -203,3 +213,33 @@ def test_a_stop_of_the_childs_environment_loses_no_answer(
     with child.client() as client:
         runs = answers(thread(client, child_id))
     assert runs == [("task", "completed", "WAITING"), ("background_command", "completed", "FINAL")], runs
+
+
+# ---------------------------------------------------------------------------- what is not background work
+
+
+def test_a_long_foreground_command_is_no_background_item(pair: dict[str, Server]) -> None:
+    """Claude Code reports a foreground Bash of ~3 s or more as a task (``is_backgrounded:
+    false``) with a notification at its end; the tool call waits for it and no turn
+    follows: no item, no wake run — the answer is the task's result."""
+    task = model_script(start=[bash("sleep 3.5; echo DONE"), say("FINAL")])
+    record = delegated(pair["main"], task)
+    child = child_view(pair, record, "local")
+    assert answers(child) == [("task", "completed", "FINAL")]
+    assert child["background"] == []
+    [root] = record["tasks"]
+    assert root["result"]["text"] == "FINAL" and not root["followUps"]
+
+
+def test_a_background_subagent_is_an_agent_item_and_wakes_once(pair: dict[str, Server]) -> None:
+    """A background subagent (whose own long command is its business, not the thread's)
+    is one ``agent`` item; its end wakes the thread once, and that run's FINAL reaches the
+    parent as a follow-up."""
+    helper = model_script(start=[bash("sleep 3.5; echo SUB"), say("SUB DONE")])
+    agent = {"description": "helper", "prompt": helper, "subagent_type": "claude", "run_in_background": True}
+    task = model_script(start=[{"tool": "Agent", "input": agent}, say("WAITING")], end=[[say("FINAL")]])
+    record = delegated(pair["main"], task)
+    child = child_view(pair, record, "local")
+    assert answers(child) == [("task", "completed", "WAITING"), ("background_command", "completed", "FINAL")]
+    [item] = child["background"]
+    assert (item["kind"], item["status"]) == ("agent", "ended"), item

@@ -76,7 +76,9 @@ class Runtime:
         adopt: list[tuple[Item, int]] = []
         pending_spawns = {row.payload["itemId"] for row in self._outbox() if row.kind == "process.start"}
         with self.store.transaction() as tx:
-            items = tx.find(Item, status=ItemStatus.RUNNING, kind=[ItemKind.COMMAND, ItemKind.MONITOR])
+            items = tx.find(
+                Item, status=ItemStatus.RUNNING, kind=[ItemKind.COMMAND, ItemKind.MONITOR, ItemKind.AGENT]
+            )
         agent_run = self._agent_run([i for i in items if i.runner is not None], lost)
         for item in items:
             if item.runner is not None:

@@ -76,8 +76,10 @@ def _load_sdk() -> Any:
     return sdk
 
 
-#: Claude Code task types tether mirrors as background items, and their item kind.
-TASK_KINDS = {"local_bash": "command", "monitor": "monitor"}
+#: Claude Code task types tether mirrors as background items, and their item kind (the
+#: real CLI reports a Monitor as ``local_bash`` too: its tool's name tells). Other
+#: background work the CLI wakes its agent for (a subagent, ...) is an ``agent`` item.
+TASK_KINDS = {"local_bash": "command", "monitor": "monitor", "local_agent": "agent"}
 #: A final status → the ``reason`` given to ``process_ended`` (None: ended normally).
 NOTIFICATION_END = {"completed": None, "failed": "failed", "stopped": "stopped"}
 UPDATED_END = {"completed": None, "failed": "failed", "killed": "stopped"}
@@ -138,6 +140,17 @@ class WrittenTurn:
     complete: bool = False
 
 
+def _prompt_text(message: Any) -> str | None:
+    """The text of a transcript's user message that opens a turn (None for anything else:
+    an assistant message, a tool result)."""
+    body = message.message if isinstance(message.message, dict) else {}
+    content = body.get("content")
+    blocks = content if isinstance(content, list) else [{"type": "text", "text": content or ""}]
+    if message.type != "user" or any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
+        return None
+    return "\n".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+
+
 def written_turns(messages: list[Any]) -> dict[str, WrittenTurn]:
     """Task id → the turn that reacted to that task's end, read from a transcript
     (``claude_agent_sdk.get_session_messages``): a user message with a
@@ -147,12 +160,9 @@ def written_turns(messages: list[Any]) -> dict[str, WrittenTurn]:
     current: list[WrittenTurn] = []
     for message in messages:
         body = message.message if isinstance(message.message, dict) else {}
-        content = body.get("content")
-        blocks = content if isinstance(content, list) else [{"type": "text", "text": content or ""}]
-        if message.type == "user":
-            if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
-                continue
-            text = "\n".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+        blocks = body.get("content") if isinstance(body.get("content"), list) else []
+        text = _prompt_text(message)
+        if text is not None:
             current = []
             for notice in _NOTICE.findall(text):
                 task_id, status = _tag(notice, "task-id"), _tag(notice, "status")
@@ -161,12 +171,29 @@ def written_turns(messages: list[Any]) -> dict[str, WrittenTurn]:
                     current.append(found[task_id])
         elif message.type == "assistant" and current:
             texts = [str(b.get("text")) for b in blocks if isinstance(b, dict) and b.get("type") == "text"]
-            texts = [text for text in texts if text]
+            texts = [t for t in texts if t]
             done = body.get("stop_reason") not in (None, "tool_use")
             for turn in current:
                 turn.texts.extend(texts)
                 turn.complete = done
     return found
+
+
+def event_notice(messages: list[Any], answer_uuid: str) -> tuple[str, list[str]] | None:
+    """(task id, lines) of the monitor event the transcript's assistant message
+    ``answer_uuid`` answers: the ``<task-notification>`` without ``<status>`` before it."""
+    notice: tuple[str, list[str]] | None = None
+    for message in messages:
+        if message.type == "assistant" and message.uuid == answer_uuid:
+            return notice
+        text = _prompt_text(message)
+        if text is None:
+            continue
+        events = [n for n in _NOTICE.findall(text) if _tag(n, "task-id") and not _tag(n, "status")]
+        if events:
+            lines = [line for n in events for line in (_tag(n, "event") or "").splitlines() if line.strip()]
+            notice = (str(_tag(events[-1], "task-id")), lines or ["(monitor event)"])
+    return None
 
 
 async def process_exit(pid: int, start: str | None) -> None:
@@ -202,6 +229,8 @@ class CliTurn:
     messages: list[Any] = field(default_factory=list)
     result: Any = None
     owner: str | None = None
+    #: The monitor item whose event this (self-started) turn reacted to, once known.
+    event_of: str | None = None
 
     @property
     def done(self) -> bool:
@@ -224,6 +253,13 @@ class CliTurn:
     @property
     def self_started(self) -> bool:
         return self.done and not self.uuids and self.origin_kind not in (None, "human")
+
+    @property
+    def monitor_event(self) -> bool:
+        """A turn the CLI started for a monitor's event: a task notification that names no
+        task run (the one for a task's end does)."""
+        origin = getattr(self.result, "origin", None) or {}
+        return self.self_started and self.origin_kind == "task-notification" and not origin.get("runId")
 
     def answers(self, prompt_uuid: str, sent_seq: int) -> bool:
         """This turn took in the prompt sent with ``prompt_uuid`` (at ``sent_seq``)."""
@@ -267,10 +303,15 @@ class ClaudeSession:
     ``commands`` it calls, so the mapping can be tested without a CLI.
     """
 
-    def __init__(self, thread_id: str, commands: Any, notification_grace: float = 0.5) -> None:
+    def __init__(
+        self, thread_id: str, commands: Any, notification_grace: float = 0.5, workspace: Path | None = None
+    ) -> None:
         _load_sdk()
         self.thread_id = thread_id
         self.commands = commands
+        self.workspace = workspace
+        self.foreground: set[str] = set()  # CLI task ids of foreground commands (no items)
+        self.chores: set[asyncio.Task[None]] = set()
         #: How long a final ``task_updated`` waits for the ``task_notification`` that may
         #: follow it (which says more: a summary, an exit code) before it ends the item.
         self.notification_grace = notification_grace
@@ -356,8 +397,7 @@ class ClaudeSession:
             if message.status in NOTIFICATION_END:
                 self._task_ended(message.task_id, NOTIFICATION_END[message.status], message.summary, None)
         elif isinstance(message, sdk.TaskUpdatedMessage):
-            if message.status in UPDATED_END:
-                self._task_updated_end(message)
+            self._task_updated(message)
         elif isinstance(message, sdk.ResultMessage):
             self._result(message)
         elif isinstance(message, sdk.AssistantMessage | sdk.UserMessage):
@@ -402,21 +442,72 @@ class ClaudeSession:
                 self.turns.remove(turn)
         if turn.error is None and turn.reply is not None:
             self.last_reply = turn.reply
+        if turn.monitor_event and turn.owner is None:
+            self._chore(self._monitor_event(turn))
+
+    def _chore(self, work: Any) -> None:
+        """Run ``work`` beside the reader; a failure is logged, never lost silently."""
+        task = asyncio.get_running_loop().create_task(work, name=f"claude {self.thread_id} chore")
+        self.chores.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self.chores.discard(finished)
+            if not finished.cancelled() and finished.exception() is not None:
+                log.error("claude thread %s: %s", self.thread_id, finished.exception())
+
+        task.add_done_callback(done)
+
+    async def _monitor_event(self, turn: CliTurn) -> None:
+        """A turn for a monitor's event: which monitor and what it printed are only in the
+        session's transcript (the stream says neither). Found, the event becomes the
+        monitor's output — a ``monitor_event`` progress run, which then takes this turn."""
+        first = next((m.uuid for m in turn.messages if isinstance(m, sdk.AssistantMessage) and m.uuid), None)
+        if first is None or not self.session_id or self.workspace is None:
+            return
+        notice = None
+        for _ in range(20):  # the CLI writes its transcript a moment after it streams
+            messages = await asyncio.to_thread(sdk.get_session_messages, self.session_id, str(self.workspace))
+            notice = event_notice(messages, first)
+            if notice is not None:
+                break
+            await asyncio.sleep(0.05)
+        item_id = self.tasks.get(notice[0]) if notice else None
+        if notice is None or item_id is None or notice[0] in self.ended or turn.owner is not None:
+            return  # not attributable: the monitor's finish run takes the turn instead
+        turn.event_of = item_id
+        self.commands.monitor_output(item_id, notice[1], None)
 
     def _task_started(self, message: Any) -> None:
-        name, tool_input = self.tool_uses.get(message.tool_use_id or "", ("", {}))
-        kind = TASK_KINDS.get(message.task_type or "")
-        if kind is None and message.data.get("is_backgrounded"):
-            kind = "command"
-        if kind is None or message.task_id in self.tasks:
+        """Background work of the agent's own becomes an item. Not mirrored: work a subagent
+        started (the subagent reacts to its end, not the thread) and a foreground command
+        (the CLI reports one running ~3 s or more as a task too, but its tool call waits for
+        it and no turn of its own follows) — unless it is sent to the background later."""
+        if message.task_id in self.tasks or message.data.get("owned_by_subagent"):
             return
-        if name == "Monitor":
-            kind = "monitor"
-        command = str(tool_input.get("command") or message.description or message.task_id)
+        # CLIs before 2.1.3xx say is_backgrounded only of work that is not a shell's
+        if not message.data.get("is_backgrounded", message.task_type in ("local_bash", "monitor")):
+            self.foreground.add(message.task_id)
+            return
+        self._mirror(message.task_id, message.task_type, message.tool_use_id, message.description)
+
+    def _mirror(
+        self, task_id: str, task_type: str | None, tool_use_id: str | None, about: str | None
+    ) -> None:
+        name, tool_input = self.tool_uses.get(tool_use_id or "", ("", {}))
+        kind = "monitor" if name == "Monitor" else TASK_KINDS.get(task_type or "", "agent")
+        command = str(tool_input.get("command") or about or task_id)
         item = self.commands.start_process(
-            Caller("thread", thread_id=self.thread_id), kind, command, label=message.task_id, spawn=False
+            Caller("thread", thread_id=self.thread_id), kind, command, label=task_id, spawn=False
         )
-        self.tasks[message.task_id] = item["id"]
+        self.tasks[task_id] = item["id"]
+
+    def _task_updated(self, message: Any) -> None:
+        patch = message.patch or {}
+        if message.task_id in self.foreground and patch.get("is_backgrounded"):
+            self.foreground.discard(message.task_id)  # sent to the background after all
+            self._mirror(message.task_id, "local_bash", None, patch.get("description"))
+        if message.status in UPDATED_END:
+            self._task_updated_end(message)
 
     def _task_updated_end(self, message: Any) -> None:
         """A final status seen only as a patch so far: the end, unless the notification
@@ -515,6 +606,10 @@ class ClaudeSession:
             await self.interrupt()
             raise
         return [self._claim(found, run_id)]
+
+    def events(self, item_id: str, run_id: str) -> list[CliTurn]:
+        """A ``monitor_event`` run: the turns the CLI ran for that monitor's events."""
+        return [self._claim(t, run_id) for t in list(self.turns) if t.event_of == item_id]
 
     async def wake(self, item_id: str, run_id: str, grace: float) -> list[CliTurn]:
         """The turns the CLI started itself for the end of ``item_id``: from the oldest not
@@ -685,7 +780,11 @@ class ClaudeProvider:
                     turn.say(text)
                 return written.texts[-1] if written.texts else None
         session = await self._session(turn)
-        if kind in WAKE_TRIGGERS and session.owns(item_id):
+        if kind == "monitor_event" and session.owns(item_id):
+            claimed = session.events(str(item_id), turn.run.id)
+            if not claimed:
+                return None  # its turns went to the monitor's finish run
+        elif kind in WAKE_TRIGGERS and session.owns(item_id):
             claimed = await session.wake(item_id, turn.run.id, self.wake_grace_s)
             if not claimed:
                 self._remember(turn, session)
@@ -740,7 +839,9 @@ class ClaudeProvider:
             return session
 
     async def _open(self, turn: Turn, resume: str | None) -> ClaudeSession:
-        session = ClaudeSession(turn.thread.id, turn.runtime.commands, self.notification_grace_s)
+        session = ClaudeSession(
+            turn.thread.id, turn.runtime.commands, self.notification_grace_s, Path(turn.workspace)
+        )
         append = SYSTEM_PROMPT.format(thread_id=turn.thread.id)
         if self.append_system_prompt:
             append += "\n\n" + self.append_system_prompt

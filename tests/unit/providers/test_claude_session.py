@@ -120,12 +120,12 @@ def notification(
     }
 
 
-def updated(task_id: str, status: str) -> dict[str, Any]:
+def updated(task_id: str, status: str, **patch: Any) -> dict[str, Any]:
     return {
         "type": "system",
         "subtype": "task_updated",
         "task_id": task_id,
-        "patch": {"status": status},
+        "patch": {"status": status, **patch},
         "uuid": "u",
         "session_id": SID,
     }
@@ -191,7 +191,23 @@ async def test_foreground_subagents_are_not_background_work() -> None:
     feed(s, started("a1", "toolu_a", "local_agent"))
     assert commands.calls == []
     feed(s, started("a2", "toolu_b", "local_agent", is_backgrounded=True))
-    assert commands.calls[0][3] == "command"
+    assert commands.calls[0][3] == "agent"  # not a command
+
+
+async def test_a_long_foreground_command_is_not_background_work_until_sent_there() -> None:
+    """Claude Code 2.1.3xx reports a foreground Bash of ~3 s as a task too."""
+    s, commands = session()
+    feed(s, started("f1", "toolu_f", "local_bash", is_backgrounded=False), notification("f1"))
+    assert commands.calls == []
+    feed(s, started("f2", "toolu_g", "local_bash", is_backgrounded=False))
+    feed(s, updated("f2", "running", is_backgrounded=True))
+    assert [c[3] for c in commands.calls] == ["command"]
+
+
+async def test_work_a_subagent_started_is_not_the_threads() -> None:
+    s, commands = session()
+    feed(s, started("s1", "toolu_s", "local_bash", is_backgrounded=True, owned_by_subagent=True))
+    assert commands.calls == []
 
 
 async def test_a_notification_ends_the_item_once() -> None:
