@@ -8,6 +8,7 @@ Each child's task text scripts the model (``model_script``); parents are script 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from tether.launch import Server
 
 from .conftest import _shutdown
-from .helpers import delegate, probe_1_with, reply, rule, runs_of, script, thread
+from .helpers import delegate, probe_1_with, providers, reply, rule, runs_of, script, thread, wait_idle
 from .links.linkkit import (
     assert_delivered_once,
     await_finished,
@@ -146,6 +147,24 @@ def test_probe_2_monitor(pair: dict[str, Server], where: str) -> None:
     assert all("PROGRESS" not in m["text"] for m in wake_messages(record["parent"]))
 
 
+# ---------------------------------------------------------------------------- tether's tools (probe 4)
+
+
+def test_probe_4_schedule_wake_through_tethers_mcp_tools(pair: dict[str, Server]) -> None:
+    """The CLI calls ``mcp__tether__schedule_wake`` on tether's ``/mcp`` with the thread's
+    credential; the held wake keeps the task open, and tether's ``scheduled`` run (a prompt
+    to the live session) answers FINAL: the task's result, once."""
+    wake = {"tool": "mcp__tether__schedule_wake", "input": {"inMs": 1000, "text": "time is up", "hold": True}}
+    task = model_script(
+        start=[load("mcp__tether__schedule_wake"), wake, say("WAITING")], message=[[say("FINAL")]]
+    )
+    record = delegated(pair["main"], task)
+    [root] = record["tasks"]
+    assert root["result"]["text"] == "FINAL"
+    child = child_view(pair, record, "local")
+    assert answers(child) == [("task", "completed", "WAITING"), ("scheduled", "completed", "FINAL")]
+
+
 def test_model_server_saw_only_the_agent_loop_and_side_requests(model: ModelServer) -> None:
     """What the CLI asks of the model service (kept here so a CLI update that starts asking
     for something new shows up)."""
@@ -243,3 +262,43 @@ def test_a_background_subagent_is_an_agent_item_and_wakes_once(pair: dict[str, S
     assert answers(child) == [("task", "completed", "WAITING"), ("background_command", "completed", "FINAL")]
     [item] = child["background"]
     assert (item["kind"], item["status"]) == ("agent", "ended"), item
+
+
+# ---------------------------------------------------------------------------- start failures
+
+
+def test_a_start_failure_says_the_clis_reason(tmp_path: Path, model: ModelServer) -> None:
+    """As root, without ``IS_SANDBOX``, Claude Code refuses ``bypassPermissions`` at start:
+    its reason (on its stderr) is the run's error, not only the SDK's "exit code 1"."""
+    server = claude_server(tmp_path / "strict", "strict", model)
+    del server.env["IS_SANDBOX"]
+    server.start()
+    try:
+        with server.client() as client:
+            created = client.post("/api/threads", json={"provider": "claude", "message": "hello"}).json()
+            wait_idle(client, created["threadId"], 60)
+            [run] = thread(client, created["threadId"])["runs"]
+    finally:
+        stopped(server)
+    assert run["status"] == "failed"
+    assert "root/sudo privileges" in run["error"], run["error"]
+
+
+def test_providers_checks_the_real_cli(tmp_path: Path) -> None:
+    """``tether providers``: the bundled CLI by default, that it runs, and that as root it
+    needs ``IS_SANDBOX`` for bypassPermissions; a CLI that does not run says why."""
+    (tmp_path / "config.toml").write_text("[providers.claude]\n")
+    assert providers(tmp_path, {"IS_SANDBOX": "1"})["claude"] == {
+        "provider": "claude",
+        "usable": True,
+        "reason": None,
+    }
+    if os.geteuid() == 0:
+        reason = providers(tmp_path, {"IS_SANDBOX": ""})["claude"]["reason"]
+        assert "IS_SANDBOX=1" in reason, reason
+    broken = tmp_path / "claude"
+    broken.write_text("#!/bin/sh\necho 'error: this CPU is not supported' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    (tmp_path / "config.toml").write_text(f'[providers.claude]\ncli_path = "{broken}"\n')
+    reason = providers(tmp_path, {"IS_SANDBOX": "1"})["claude"]["reason"]
+    assert "does not run (exit 1): error: this CPU is not supported" in reason, reason

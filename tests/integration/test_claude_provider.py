@@ -10,10 +10,7 @@ fake (``{"fake_claude": {"steps": [...]}}``), except the probe's ``run the suite
 from __future__ import annotations
 
 import json
-import os
 import stat
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ from .conftest import _shutdown
 from .helpers import (
     await_state,
     probe_1_with,
+    providers,
     thread,
     wait_settled,
 )
@@ -347,27 +345,19 @@ def test_a_lost_session_ends_its_background_work(env: Server, client: httpx.Clie
 # ---------------------------------------------------------------------------- tether providers
 
 
-def providers(data: Path, env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
-    done = subprocess.run(
-        [sys.executable, "-m", "tether", "providers", "--data", str(data), "--json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        check=True,
-    )
-    return {row["provider"]: row for row in json.loads(done.stdout)}
-
-
 def test_providers_command_says_whether_claude_and_codex_are_usable(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text(
         f'[providers.claude]\ncli_path = "{CLAUDE}"\n\n'
         f'[providers.codex]\nexecutable = "{FAKES / "codex"}"\napi_key_env = "TETHER_TEST_CODEX_KEY"\n'
     )
-    rows = providers(tmp_path, {"TETHER_TEST_CODEX_KEY": ""})
+    rows = providers(tmp_path, {"TETHER_TEST_CODEX_KEY": "", "IS_SANDBOX": "1"})
     assert rows["claude"] == {"provider": "claude", "usable": True, "reason": None}
     assert rows["codex"]["usable"] is False
     assert "TETHER_TEST_CODEX_KEY" in rows["codex"]["reason"]
-    assert providers(tmp_path, {"TETHER_TEST_CODEX_KEY": "sk-test"})["codex"]["usable"] is True
+    assert (
+        providers(tmp_path, {"TETHER_TEST_CODEX_KEY": "sk-test", "IS_SANDBOX": "1"})["codex"]["usable"]
+        is True
+    )
 
     (tmp_path / "config.toml").write_text(
         f'[providers.claude]\ncli_path = "{tmp_path / "no-such-claude"}"\n\n'

@@ -48,6 +48,7 @@ import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -217,6 +218,33 @@ async def process_exit(pid: int, start: str | None) -> None:
         os.close(fd)
 
 
+INSTALL = "pip install 'tether[claude]'"
+
+
+def bundled_cli() -> str | None:
+    """The Claude Code executable inside the installed ``claude-agent-sdk`` wheel."""
+    spec = importlib.util.find_spec("claude_agent_sdk")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        found = Path(root) / "_bundled" / "claude"
+        if found.is_file() and os.access(found, os.X_OK):
+            return str(found)
+    return None
+
+
+def _version_problem(executable: str) -> str | None:
+    """None if ``executable --version`` runs; else what it said."""
+    try:
+        done = subprocess.run(
+            [executable, "--version"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"Claude Code at {executable} does not run: {exc}"
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return f"Claude Code at {executable} does not run (exit {done.returncode}): {' '.join(said)}"
+    return None
+
+
 class ClaudeError(Exception):
     """A Claude Code turn ended in an error, or the session broke."""
 
@@ -340,6 +368,16 @@ class ClaudeSession:
 
     def on_stderr(self, line: str) -> None:
         self.stderr = [*self.stderr[-49:], line[-500:]]
+
+    async def start_failure(self, exc: Exception) -> str:
+        """Why the CLI did not start: the SDK says only "Command failed with exit code 1";
+        the CLI's own reason is on its stderr, whose last lines may still be on their way."""
+        for _ in range(20):
+            if self.stderr:
+                break
+            await asyncio.sleep(0.05)  # the SDK's stderr reader runs beside connect()
+        reason = "; ".join(self.stderr[-5:])
+        return f"could not start Claude Code: {exc}" + (f": {reason}" if reason else "")
 
     def _notify(self) -> None:
         self._changed.set()
@@ -676,7 +714,8 @@ class ClaudeProvider:
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = config or {}
-        self.cli_path = str(config.get("cli_path") or "claude")
+        self.cli_path: str | None = config.get("cli_path") or None
+        self._runs: dict[str, str | None] = {}  # executable -> why it does not run (None: it does)
         self.model: str | None = config.get("model")
         self.permission_mode: str | None = config.get("permission_mode", "bypassPermissions")
         self.allowed_tools = [str(t) for t in config.get("allowed_tools", ["mcp__tether"])]
@@ -689,16 +728,35 @@ class ClaudeProvider:
         self._adopted: set[asyncio.Task[None]] = set()
 
     def executable(self) -> str | None:
+        """The configured ``cli_path``; without one, the CLI the SDK's wheel bundles, else
+        ``claude`` on the PATH."""
+        if self.cli_path is None:
+            return bundled_cli() or shutil.which("claude")
         path = Path(self.cli_path).expanduser()
         if os.sep in self.cli_path:
             return str(path) if path.is_file() and os.access(path, os.X_OK) else None
         return shutil.which(self.cli_path)
 
     def check(self) -> str | None:
+        """What can be checked without a model: the SDK, the executable, that it runs, and
+        that it will accept the permission mode (as root, bypassPermissions needs IS_SANDBOX)."""
         if importlib.util.find_spec("claude_agent_sdk") is None:
-            return "the claude-agent-sdk package is not installed"
-        if self.executable() is None:
-            return f"Claude Code executable {self.cli_path!r} not found (set cli_path in [providers.claude])"
+            return f"the claude-agent-sdk package is not installed: {INSTALL}"
+        executable = self.executable()
+        if executable is None:
+            where = repr(self.cli_path) if self.cli_path else "claude (bundled or on the PATH)"
+            return f"Claude Code {where} not found (set cli_path in [providers.claude], or {INSTALL})"
+        if executable not in self._runs:
+            self._runs[executable] = _version_problem(executable)
+        if self._runs[executable]:
+            return self._runs[executable]
+        if (
+            self.permission_mode == "bypassPermissions"
+            and hasattr(os, "geteuid")
+            and os.geteuid() == 0
+            and os.environ.get("IS_SANDBOX", "").lower() not in ("1", "true")
+        ):
+            return "as root, Claude Code refuses permission_mode bypassPermissions unless IS_SANDBOX=1"
         return None
 
     async def close(self) -> None:
@@ -828,9 +886,9 @@ class ClaudeProvider:
             resume = (turn.thread.state.get("claude") or {}).get("sessionId")
             try:
                 session = await self._open(turn, resume)
-            except Exception as exc:
+            except ClaudeError as exc:
                 if not resume:
-                    raise ClaudeError(f"could not start Claude Code: {exc}") from exc
+                    raise
                 log.warning(
                     "claude thread %s: resuming %s failed (%s); starting afresh", thread_id, resume, exc
                 )
@@ -847,7 +905,7 @@ class ClaudeProvider:
             append += "\n\n" + self.append_system_prompt
         cli_dir = self._cli_dir(turn)
         env = {"CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS": "1", "TETHER_THREAD_ID": turn.thread.id}
-        cli_path = self.executable() or self.cli_path
+        cli_path = self.executable() or self.cli_path or "claude"
         pidfile = None
         if cli_dir is not None:
             pidfile = cli_dir / f"{turn.thread.id}.pid"
@@ -867,7 +925,10 @@ class ClaudeProvider:
             stderr=session.on_stderr,
         )
         client = sdk.ClaudeSDKClient(options)
-        await client.connect()
+        try:
+            await client.connect()
+        except Exception as exc:
+            raise ClaudeError(await session.start_failure(exc)) from exc
         session.client = client
         session.session_id = resume
         if pidfile is not None:

@@ -7,7 +7,6 @@ Tests using this skip only when the bundled CLI is genuinely missing (a wheel wi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -15,18 +14,9 @@ from typing import Any
 import pytest
 
 from tether.launch import Server
+from tether.providers.claude import bundled_cli
 
 from .anthropic_server import ModelServer
-
-
-def bundled_cli() -> Path | None:
-    """``claude_agent_sdk/_bundled/claude`` if the installed wheel has it."""
-    spec = importlib.util.find_spec("claude_agent_sdk")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    found = Path(next(iter(spec.submodule_search_locations))) / "_bundled" / "claude"
-    return found if found.is_file() else None
-
 
 requires_cli = pytest.mark.skipif(bundled_cli() is None, reason="the claude-agent-sdk wheel bundles no CLI")
 
