@@ -8,6 +8,7 @@ Each child's task text scripts the model (``model_script``); parents are script 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -302,3 +303,39 @@ def test_providers_checks_the_real_cli(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text(f'[providers.claude]\ncli_path = "{broken}"\n')
     reason = providers(tmp_path, {"IS_SANDBOX": "1"})["claude"]["reason"]
     assert "does not run (exit 1): error: this CPU is not supported" in reason, reason
+
+
+# ---------------------------------------------------------------------------- secrets
+
+
+def _tool_results(model: ModelServer, marker: str) -> list[str]:
+    """The tool results containing ``marker`` that the CLI sent to the model."""
+    found = []
+    for request in model.main_loop():
+        for message in request["messages"]:
+            for block in message["content"] if isinstance(message["content"], list) else []:
+                text = json.dumps(block.get("content")) if block.get("type") == "tool_result" else ""
+                if marker in text:
+                    found.append(text)
+    return found
+
+
+def test_the_agents_commands_see_neither_the_api_key_nor_the_threads_credential(
+    pair: dict[str, Server], model: ModelServer
+) -> None:
+    """The API key reaches the model service (through an ``apiKeyHelper``), but not the
+    environment of the commands the agent runs; the MCP config with the thread's credential
+    is gone once the CLI has read it — and tether's tools still work."""
+    marker = "ENV-DUMP-7f3a"
+    look = bash(f"echo {marker}; env; ls -a ../providers/claude")
+    wake = {"tool": "mcp__tether__environment_links", "input": {}}
+    task = model_script(start=[look, load("mcp__tether__environment_links"), wake, say("FINAL")])
+    record = delegated(pair["main"], task)
+    assert record["tasks"][0]["result"]["text"] == "FINAL"
+    [seen] = set(_tool_results(model, marker))
+    key = pair["main"].env["ANTHROPIC_API_KEY"]
+    assert key not in seen and "ttc_" not in seen and ".mcp.json" not in seen, seen
+    assert "ANTHROPIC_BASE_URL" in seen  # it is the environment
+    assert {r["apiKey"] for r in model.main_loop()} == {key}
+    links = _tool_results(model, "environmentId")
+    assert links, "the tether tool answered"

@@ -47,6 +47,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -715,6 +716,8 @@ class ClaudeProvider:
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = config or {}
         self.cli_path: str | None = config.get("cli_path") or None
+        #: The variable holding the model service's API key ("" leaves the key as it is).
+        self.api_key_env: str | None = config.get("api_key_env", "ANTHROPIC_API_KEY")
         self._runs: dict[str, str | None] = {}  # executable -> why it does not run (None: it does)
         self.model: str | None = config.get("model")
         self.permission_mode: str | None = config.get("permission_mode", "bypassPermissions")
@@ -905,6 +908,7 @@ class ClaudeProvider:
             append += "\n\n" + self.append_system_prompt
         cli_dir = self._cli_dir(turn)
         env = {"CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS": "1", "TETHER_THREAD_ID": turn.thread.id}
+        settings = self._key_helper(cli_dir, env)
         cli_path = self.executable() or self.cli_path or "claude"
         pidfile = None
         if cli_dir is not None:
@@ -912,6 +916,7 @@ class ClaudeProvider:
             pidfile.unlink(missing_ok=True)
             env.update(TETHER_CLAUDE_CLI=cli_path, TETHER_CLAUDE_PIDFILE=str(pidfile))
             cli_path = str(self._shim(cli_dir))
+        mcp_config = self._mcp_config(turn)
         options = sdk.ClaudeAgentOptions(
             cli_path=cli_path,
             cwd=str(turn.workspace),
@@ -920,8 +925,9 @@ class ClaudeProvider:
             allowed_tools=self.allowed_tools,
             system_prompt={"type": "preset", "preset": "claude_code", "append": append},
             resume=resume,
-            mcp_servers=self._mcp_config(turn) or {},
+            mcp_servers=mcp_config or {},
             env=env,
+            settings=settings,
             stderr=session.on_stderr,
         )
         client = sdk.ClaudeSDKClient(options)
@@ -931,6 +937,8 @@ class ClaudeProvider:
             raise ClaudeError(await session.start_failure(exc)) from exc
         session.client = client
         session.session_id = resume
+        if mcp_config is not None:
+            Path(mcp_config).unlink(missing_ok=True)  # read: the agent's commands find no credential
         if pidfile is not None:
             self._remember_cli(turn, pidfile)
         session.reader = asyncio.get_running_loop().create_task(
@@ -958,6 +966,24 @@ class ClaudeProvider:
                 handle.write(body)
             os.replace(f"{path}.tmp", path)
         return path
+
+    def _key_helper(self, directory: Path | None, env: dict[str, str]) -> str | None:
+        """Keep the API key out of the environment of the agent's commands (they inherit the
+        CLI's): the CLI gets it from an ``apiKeyHelper`` reading a file only tether's user
+        can read, and an empty ``ANTHROPIC_API_KEY``. None (the key stays in the
+        environment) when there is no key, or nowhere to keep it."""
+        key = os.environ.get(self.api_key_env or "")
+        if not key or directory is None:
+            return None
+        path = directory / "api-key"
+        fd = os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key)
+        os.replace(f"{path}.tmp", path)
+        env["ANTHROPIC_API_KEY"] = ""
+        if self.api_key_env != "ANTHROPIC_API_KEY":
+            env[str(self.api_key_env)] = ""
+        return json.dumps({"apiKeyHelper": f"cat {shlex.quote(str(path))}"})
 
     @staticmethod
     def _remember_cli(turn: Turn, pidfile: Path) -> None:

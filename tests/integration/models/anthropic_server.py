@@ -262,6 +262,7 @@ class ModelServer:
                     "model": body.get("model"),
                     "stream": bool(body.get("stream")),
                     "tools": [t.get("name") for t in body.get("tools") or []],
+                    "apiKey": self.headers.get("x-api-key"),
                     "messages": messages,
                 }
                 if path.endswith("/count_tokens"):
