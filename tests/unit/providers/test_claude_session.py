@@ -5,12 +5,13 @@ parser, as the provider receives them."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from typing import Any
 
 import pytest
 from claude_agent_sdk._internal.message_parser import parse_message
 
-from tether.providers.claude import ClaudeSession, CliTurn
+from tether.providers.claude import ClaudeProvider, ClaudeSession, CliTurn
 
 SID = "sess-1"
 
@@ -367,3 +368,13 @@ async def test_a_wake_takes_the_clis_turns_until_it_is_idle() -> None:
     turns = await waking
     assert [t.reply for t in turns] == ["PROGRESS", "FINAL"]
     assert s.turns == []
+
+
+def test_providers_says_how_to_install_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "claude_agent_sdk" else real(name, *a)
+    )
+    assert ClaudeProvider({}).check() == (
+        "the claude-agent-sdk package is not installed: pip install 'tether[claude]'"
+    )
