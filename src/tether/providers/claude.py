@@ -740,19 +740,22 @@ class ClaudeProvider:
             return str(path) if path.is_file() and os.access(path, os.X_OK) else None
         return shutil.which(self.cli_path)
 
+    def diagnose(self) -> str | None:
+        """``check()``, and that the executable runs (``--version``, once per executable):
+        what ``tether providers`` shows. Not on the way of every thread: it starts a process."""
+        executable = self.executable()
+        if self.check() is None and executable is not None and executable not in self._runs:
+            self._runs[executable] = _version_problem(executable)
+        return self.check() or self._runs.get(executable or "")
+
     def check(self) -> str | None:
-        """What can be checked without a model: the SDK, the executable, that it runs, and
-        that it will accept the permission mode (as root, bypassPermissions needs IS_SANDBOX)."""
+        """What can be checked at once: the SDK, the executable, and that it will accept the
+        permission mode (as root, bypassPermissions needs IS_SANDBOX)."""
         if importlib.util.find_spec("claude_agent_sdk") is None:
             return f"the claude-agent-sdk package is not installed: {INSTALL}"
-        executable = self.executable()
-        if executable is None:
+        if self.executable() is None:
             where = repr(self.cli_path) if self.cli_path else "claude (bundled or on the PATH)"
             return f"Claude Code {where} not found (set cli_path in [providers.claude], or {INSTALL})"
-        if executable not in self._runs:
-            self._runs[executable] = _version_problem(executable)
-        if self._runs[executable]:
-            return self._runs[executable]
         if (
             self.permission_mode == "bypassPermissions"
             and hasattr(os, "geteuid")
