@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tether.launch import Server
@@ -57,33 +57,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory, model: ModelServer) -> Iterat
     stopped(main, child)
 
 
-@pytest.fixture
-def client(pair: dict[str, Server]) -> Iterator[httpx.Client]:
-    with pair["main"].client() as found:
-        yield found
-
-
-MONITOR_CHILD = model_script(
-    start=[load("Monitor"), monitor("for i in 1 2 3; do sleep 0.4; echo line$i; done"), say("WAITING")],
-    event=[[say("PROGRESS")]],
-    end=[[say("FINAL")]],
-)
-
-
-def delegated(origin: Server, task: str, environment: str | None = None) -> dict[str, Any]:
-    """A script parent delegates ``task`` to a claude child (in ``environment``), waits
-    until FINAL reached it and every task is delivered; the records to check."""
-    extra = {"environment": environment} if environment else {}
-    parent = script(
-        rule("start", delegate(task, provider="claude", title="claude child", **extra), reply("delegated")),
-        rule("delegated_task", reply("got {{text}}"), repeat=True),
-    )
-    parent_id = new_thread(origin, parent)
-    tasks, view = await_finished(origin, parent_id)
-    assert_delivered_once(tasks, view)
-    return {"tasks": tasks, "parent": view, "parentId": parent_id}
-
-
 def child_view(pair: dict[str, Server], record: dict[str, Any], where: str) -> dict[str, Any]:
     server = pair["main"] if where == "local" else pair["child"]
     with server.client() as client:
@@ -94,76 +67,182 @@ def answers(child: dict[str, Any]) -> list[tuple[str, str, str | None]]:
     return [(r["trigger"]["kind"], r["status"], r["reply"]) for r in child["runs"]]
 
 
-# ---------------------------------------------------------------------------- probe 1
+# ---------------------------------------------------------------------------- the probes (SPEC §8)
 
 
-def test_probe_1_local(pair: dict[str, Server], client: httpx.Client) -> None:
-    """Background Bash: WAITING is the task's result, FINAL comes as a follow-up, once."""
-    record = probe_1_with(pair["main"], client, "claude")
-    row = record["row"]
-    assert row["delivered"] and row["finalCount"] == 1 and row["deliveredAs"] == "follow-up", row
-    assert answers(record["child"]) == [
-        ("task", "completed", "WAITING"),
-        ("background_command", "completed", "FINAL"),
-    ]
-    [item] = record["child"]["background"]
-    assert (item["kind"], item["status"], item["exitCode"]) == ("command", "ended", 0)
-
-
-@pytest.mark.parametrize("where", ["local", "remote"])
-def test_probe_1_background_bash(pair: dict[str, Server], where: str) -> None:
-    task = model_script(
-        start=[bash("sleep 1; echo OK", background=True), say("WAITING")], end=[[say("FINAL")]]
+def monitor_child(persistent: bool = False, first: str = "WAITING") -> str:
+    """The first line comes well after the first turn is over: an event that arrives while
+    a turn runs is taken into that turn by the CLI (no event turn, no progress run)."""
+    lines = "sleep 3; for i in 1 2 3; do echo line$i; sleep 0.5; done"
+    return model_script(
+        start=[load("Monitor"), monitor(lines, persistent=persistent), say(first)],
+        event=[[say("PROGRESS")]],
+        end=[[say("FINAL")]],
     )
-    record = delegated(pair["main"], task, None if where == "local" else "child")
+
+
+BACKGROUND = bash("sleep 1; echo OK", background=True)
+#: Ends well after the first turn's calls (an end arriving during a turn is taken into it).
+SLOW_BACKGROUND = bash("sleep 2.5; echo OK", background=True)
+AWAIT = {"tool": "mcp__tether__background_wait", "input": {"id": "{{background_id}}"}}
+SCHEDULE = {"tool": "mcp__tether__schedule_wake", "input": {"inMs": 1000, "text": "time is up", "hold": True}}
+FINAL = [[say("FINAL")]]
+
+#: Each probe's child (task text), where it runs, and whether the parent ``thread_send``s
+#: to it on its first wake.
+PROBES: dict[str, tuple[str, str, bool]] = {
+    "1-local": (model_script(start=[BACKGROUND, say("WAITING")], end=FINAL), "local", False),
+    "1-remote": (model_script(start=[BACKGROUND, say("WAITING")], end=FINAL), "remote", False),
+    "2-local": (monitor_child(), "local", False),
+    "2-remote": (monitor_child(), "remote", False),
+    "3-local": (
+        model_script(start=[SLOW_BACKGROUND, load(AWAIT["tool"]), AWAIT, say("WAITING")], end=FINAL),
+        "local",
+        False,
+    ),
+    "4-local": (
+        model_script(start=[load(SCHEDULE["tool"]), SCHEDULE, say("WAITING")], message=FINAL),
+        "local",
+        False,
+    ),
+    "5-local": (model_script(start=[say("READY")], message=FINAL), "local", True),
+    "6-local": (monitor_child(persistent=True, first="WATCHING"), "local", False),
+}
+
+
+def delegated(
+    origin: Server, task: str, environment: str | None = None, send: bool = False
+) -> dict[str, Any]:
+    """A script parent delegates ``task`` to a claude child (in ``environment``) — and, if
+    ``send``, ``thread_send``s to it on its first wake — and waits until FINAL reached it
+    and every task is delivered; the records to check."""
+    extra = {"environment": environment} if environment else {}
+    rules = [
+        rule("start", delegate(task, provider="claude", title="claude child", **extra), reply("delegated"))
+    ]
+    if send:
+        send_on = {"thread_send": {"thread": "child:c", "text": "go on"}}
+        rules.append(rule("delegated_task", send_on, reply("sent")))
+    rules.append(rule("delegated_task", reply("got {{text}}"), repeat=True))
+    parent_id = new_thread(origin, script(*rules))
+    tasks, view = await_finished(origin, parent_id)
+    assert_delivered_once(tasks, view)
+    return {"tasks": tasks, "parent": view, "parentId": parent_id}
+
+
+@pytest.fixture(scope="module")
+def probes(pair: dict[str, Server]) -> dict[str, Any]:
+    """Every probe at once (they mostly wait on their children), and probe 1 through the
+    shared probe definitions too (``run the suite``); each record with its child's view."""
+
+    def one(name: str) -> dict[str, Any] | AssertionError:
+        try:
+            if name == "1-suite":
+                with pair["main"].client() as client:
+                    return probe_1_with(pair["main"], client, "claude")
+            task, where, send = PROBES[name]
+            record = delegated(pair["main"], task, None if where == "local" else "child", send)
+            return {**record, "child": child_view(pair, record, where)}
+        except AssertionError as failed:  # the probe's own test reports it
+            return failed
+
+    names = ["1-suite", *PROBES]
+    with ThreadPoolExecutor(len(names)) as pool:
+        return dict(zip(names, pool.map(one, names), strict=True))
+
+
+def probe(probes: dict[str, Any], name: str) -> dict[str, Any]:
+    found = probes[name]
+    if isinstance(found, AssertionError):
+        raise found
+    return dict(found)
+
+
+def results(record: dict[str, Any]) -> tuple[str | None, list[str | None]]:
+    """(the root task's result, the follow-ups' results)."""
     root = next(t for t in record["tasks"] if not t["followUpOf"])
-    assert root["result"]["text"] == "WAITING"
-    [follow_up] = [t for t in record["tasks"] if t["followUpOf"]]
-    assert follow_up["result"]["text"] == "FINAL"
-    child = child_view(pair, record, where)
-    assert answers(child) == [("task", "completed", "WAITING"), ("background_command", "completed", "FINAL")]
+    return root["result"]["text"], [t["result"]["text"] for t in record["tasks"] if t["followUpOf"]]
 
 
-# ---------------------------------------------------------------------------- probe 2
-
-
-@pytest.mark.parametrize("where", ["local", "remote"])
-def test_probe_2_monitor(pair: dict[str, Server], where: str) -> None:
-    """The real Monitor tool: the monitor is held, so FINAL is the task's result, once. Each
-    event is a turn the CLI starts itself: a ``monitor_event`` progress run (G4), whose
-    PROGRESS is in ``progress[]`` and in no result or wake."""
-    record = delegated(pair["main"], MONITOR_CHILD, None if where == "local" else "child")
-    [task] = record["tasks"]
-    assert task["result"]["text"] == "FINAL"
-    child = child_view(pair, record, where)
-    [item] = child["background"]
-    assert (item["kind"], item["status"]) == ("monitor", "ended")
-    [finished] = runs_of(child, "monitor_finished")
-    assert finished["reply"] == "FINAL"
+def assert_progress(record: dict[str, Any]) -> None:
+    """Each monitor event was a ``monitor_event`` progress run (G4) whose PROGRESS is in
+    ``progress[]`` and in no wake."""
+    child = record["child"]
+    root = next(t for t in record["tasks"] if not t["followUpOf"])
     events = runs_of(child, "monitor_event")
     assert events and all((r["status"], r["reply"]) == ("completed", "PROGRESS") for r in events), events
-    assert [p["text"] for p in task["progress"]] == ["PROGRESS"] * len(events)
+    assert [p["text"] for p in root["progress"]] == ["PROGRESS"] * len(events)
     notices = [m["text"] for m in child["messages"] if (m["source"] or {}).get("kind") == "monitor_event"]
     assert notices and all(n.startswith("line") for n in notices), notices
     assert all("PROGRESS" not in m["text"] for m in wake_messages(record["parent"]))
 
 
-# ---------------------------------------------------------------------------- tether's tools (probe 4)
+def test_probe_1_through_the_shared_probe_definition(probes: dict[str, Any]) -> None:
+    record = probe(probes, "1-suite")
+    row = record["row"]
+    assert row["delivered"] and row["finalCount"] == 1 and row["deliveredAs"] == "follow-up", row
+    [item] = record["child"]["background"]
+    assert (item["kind"], item["status"], item["exitCode"]) == ("command", "ended", 0)
 
 
-def test_probe_4_schedule_wake_through_tethers_mcp_tools(pair: dict[str, Server]) -> None:
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_probe_1_background_bash(probes: dict[str, Any], where: str) -> None:
+    """Background Bash: WAITING is the task's result, FINAL comes as a follow-up, once."""
+    record = probe(probes, f"1-{where}")
+    assert results(record) == ("WAITING", ["FINAL"])
+    assert answers(record["child"]) == [
+        ("task", "completed", "WAITING"),
+        ("background_command", "completed", "FINAL"),
+    ]
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_probe_2_monitor(probes: dict[str, Any], where: str) -> None:
+    """The real Monitor tool: the monitor is held, so FINAL is the task's result, once; each
+    event is a turn the CLI starts itself, which tether makes a progress run."""
+    record = probe(probes, f"2-{where}")
+    assert results(record) == ("FINAL", [])
+    [item] = record["child"]["background"]
+    assert (item["kind"], item["status"]) == ("monitor", "ended")
+    [finished] = runs_of(record["child"], "monitor_finished")
+    assert finished["reply"] == "FINAL"
+    assert_progress(record)
+
+
+def test_probe_3_background_wait_through_tethers_mcp_tools(probes: dict[str, Any]) -> None:
+    """``mcp__tether__background_wait`` on the CLI's own background Bash (by its task id):
+    the command is held, so the task completes once, with FINAL."""
+    record = probe(probes, "3-local")
+    assert results(record) == ("FINAL", [])
+    assert answers(record["child"]) == [
+        ("task", "completed", "WAITING"),
+        ("background_command", "completed", "FINAL"),
+    ]
+
+
+def test_probe_4_schedule_wake_through_tethers_mcp_tools(probes: dict[str, Any]) -> None:
     """The CLI calls ``mcp__tether__schedule_wake`` on tether's ``/mcp`` with the thread's
     credential; the held wake keeps the task open, and tether's ``scheduled`` run (a prompt
     to the live session) answers FINAL: the task's result, once."""
-    wake = {"tool": "mcp__tether__schedule_wake", "input": {"inMs": 1000, "text": "time is up", "hold": True}}
-    task = model_script(
-        start=[load("mcp__tether__schedule_wake"), wake, say("WAITING")], message=[[say("FINAL")]]
-    )
-    record = delegated(pair["main"], task)
-    [root] = record["tasks"]
-    assert root["result"]["text"] == "FINAL"
-    child = child_view(pair, record, "local")
-    assert answers(child) == [("task", "completed", "WAITING"), ("scheduled", "completed", "FINAL")]
+    record = probe(probes, "4-local")
+    assert results(record) == ("FINAL", [])
+    assert answers(record["child"]) == [("task", "completed", "WAITING"), ("scheduled", "completed", "FINAL")]
+
+
+def test_probe_5_thread_send_to_a_claude_child(probes: dict[str, Any]) -> None:
+    """READY is the result; the parent's ``thread_send`` is prompted into the live session,
+    and FINAL reaches the parent as a follow-up with its own wake."""
+    record = probe(probes, "5-local")
+    assert results(record) == ("READY", ["FINAL"])
+    assert answers(record["child"]) == [("task", "completed", "READY"), ("message", "completed", "FINAL")]
+
+
+def test_probe_6_persistent_monitor(probes: dict[str, Any]) -> None:
+    """A persistent Monitor is not held: WATCHING is the result, its progress wakes nobody,
+    and FINAL comes once, as a follow-up."""
+    record = probe(probes, "6-local")
+    assert results(record) == ("WATCHING", ["FINAL"])
+    assert_progress(record)
 
 
 def test_model_server_saw_only_the_agent_loop_and_side_requests(model: ModelServer) -> None:
@@ -269,20 +348,19 @@ def test_a_background_subagent_is_an_agent_item_and_wakes_once(pair: dict[str, S
 
 
 def test_a_start_failure_says_the_clis_reason(tmp_path: Path, model: ModelServer) -> None:
-    """As root, without ``IS_SANDBOX``, Claude Code refuses ``bypassPermissions`` at start:
-    its reason (on its stderr) is the run's error, not only the SDK's "exit code 1"."""
-    server = claude_server(tmp_path / "strict", "strict", model)
-    del server.env["IS_SANDBOX"]
-    server.start()
+    """Claude Code refuses a permission mode it does not know, at start: its reason (on its
+    stderr) is the run's error, not only the SDK's "Command failed with exit code 1"."""
+    server = claude_server(tmp_path / "strict", "strict", model, 'permission_mode = "nonsense"\n').start()
     try:
         with server.client() as client:
-            created = client.post("/api/threads", json={"provider": "claude", "message": "hello"}).json()
-            wait_idle(client, created["threadId"], 60)
-            [run] = thread(client, created["threadId"])["runs"]
+            created = client.post("/api/threads", json={"provider": "claude", "message": "hello"})
+            assert created.status_code == 201, created.text
+            wait_idle(client, created.json()["threadId"], 60)
+            [run] = thread(client, created.json()["threadId"])["runs"]
     finally:
         stopped(server)
     assert run["status"] == "failed"
-    assert "root/sudo privileges" in run["error"], run["error"]
+    assert "argument 'nonsense' is invalid" in run["error"], run["error"]
 
 
 def test_providers_checks_the_real_cli(tmp_path: Path) -> None:

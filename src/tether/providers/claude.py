@@ -504,7 +504,7 @@ class ClaudeSession:
         if first is None or not self.session_id or self.workspace is None:
             return
         notice = None
-        for _ in range(20):  # the CLI writes its transcript a moment after it streams
+        for _ in range(60):  # the CLI writes its transcript a moment after it streams
             messages = await asyncio.to_thread(sdk.get_session_messages, self.session_id, str(self.workspace))
             notice = event_notice(messages, first)
             if notice is not None:
@@ -535,8 +535,14 @@ class ClaudeSession:
         name, tool_input = self.tool_uses.get(tool_use_id or "", ("", {}))
         kind = "monitor" if name == "Monitor" else TASK_KINDS.get(task_type or "", "agent")
         command = str(tool_input.get("command") or about or task_id)
+        persistent = kind == "monitor" and bool(tool_input.get("persistent"))  # not held (SPEC §1)
         item = self.commands.start_process(
-            Caller("thread", thread_id=self.thread_id), kind, command, label=task_id, spawn=False
+            Caller("thread", thread_id=self.thread_id),
+            kind,
+            command,
+            label=task_id,
+            persistent=persistent,
+            spawn=False,
         )
         self.tasks[task_id] = item["id"]
 

@@ -24,7 +24,8 @@ with a ``<status>``; a monitor event one without (Claude Code 2.1.3xx).
 
 A step is one assistant message: ``{"text": T}`` (ends the turn) or ``{"tool": NAME,
 "input": {...}}`` (a ``tool_use``; the CLI runs the tool and sends its result back, and the
-next step answers that). A turn past its last step, or with no steps, says ``OK``. Requests
+next step answers that; ``{{background_id}}`` in an input is the latest background Bash's
+id). A turn past its last step, or with no steps, says ``OK``. Requests
 that are not the agent's main loop (no tools offered: titles, summaries, quota checks) get
 a short text.
 """
@@ -98,16 +99,23 @@ def _kind(text: str, first: bool) -> str:
     return "start" if first else "message"
 
 
+def _opens(message: dict[str, Any]) -> bool:
+    """A message that opens a turn: not the assistant's, not a tool result. (Claude Code
+    sends a task's notice that arrives during a turn as a ``system`` message in
+    ``messages``: the model answers it then and there.)"""
+    return message.get("role") != "assistant" and not _is_tool_result(message)
+
+
 def _turns(messages: list[dict[str, Any]]) -> list[tuple[str, int]]:
-    """Each turn-opening user message (not a tool result) as (kind, index in messages);
-    user messages in a row (queued notices, reminders) open one turn, of the strongest kind."""
+    """Each turn-opening message as (kind, index in messages); such messages in a row
+    (queued notices, reminders) open one turn, of the strongest kind."""
     rank = {"start": 3, "end": 2, "message": 1, "event": 0}
     opened: list[tuple[str, int]] = []
     for n, message in enumerate(messages):
-        if message.get("role") != "user" or _is_tool_result(message):
+        if not _opens(message):
             continue
         kind = _kind(_text_of(message.get("content", "")), not opened)
-        if opened and messages[n - 1].get("role") == "user" and not _is_tool_result(messages[n - 1]):
+        if opened and _opens(messages[n - 1]):
             if rank[kind] > rank[opened[-1][0]]:
                 opened[-1] = (kind, opened[-1][1])
             continue
@@ -129,7 +137,20 @@ def next_step(messages: list[dict[str, Any]]) -> dict[str, Any]:
         options = script.get(kind, [])
         steps = options[min(nth, len(options) - 1)] if options else []
     done = sum(1 for m in messages[opened_at:] if m.get("role") == "assistant")
-    return steps[done] if done < len(steps) else {"text": "OK"}
+    return _fill(steps[done], messages) if done < len(steps) else {"text": "OK"}
+
+
+_BACKGROUND_ID = re.compile(r"running in background with ID: (\w+)")
+
+
+def _fill(step: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{{background_id}}`` in a step: the id the CLI gave the latest background Bash (as
+    its tool result says), so that a script can name it (e.g. to ``background_wait``)."""
+    encoded = json.dumps(step)
+    if "{{background_id}}" not in encoded:
+        return step
+    found = _BACKGROUND_ID.findall(json.dumps(messages))
+    return dict(json.loads(encoded.replace("{{background_id}}", found[-1] if found else "")))
 
 
 # ---------------------------------------------------------------------------- the wire
