@@ -77,6 +77,7 @@ class Server:
                     return self
             except httpx.TransportError:
                 time.sleep(0.05)  # the process is still starting: nothing to await yet
+        self.kill()  # not left running behind a caller that gives up on it
         raise RuntimeError(f"tether serve did not answer within {timeout}s: see {self.log}")
 
     def kill(self) -> None:
