@@ -51,10 +51,12 @@ def pair(tmp_path_factory: pytest.TempPathFactory, model: ModelServer) -> Iterat
     root = tmp_path_factory.mktemp("claude-cli")
     main = claude_server(root / "main", "main", model)
     child = claude_server(root / "child", "child", model)
-    start_all([main, child])
-    link(main, child)
-    yield {"main": main, "child": child}
-    stopped(main, child)
+    try:
+        start_all([main, child])
+        link(main, child)
+        yield {"main": main, "child": child}
+    finally:
+        stopped(main, child)
 
 
 def child_view(pair: dict[str, Server], record: dict[str, Any], where: str) -> dict[str, Any]:
@@ -265,10 +267,12 @@ def test_model_server_saw_only_the_agent_loop_and_side_requests(model: ModelServ
 def victim(tmp_path: Path, model: ModelServer, pair: dict[str, Server]) -> Iterator[Server]:
     """A child environment of its own, linked from ``main``, for a test that stops it."""
     name = f"victim-{tmp_path.name[-12:]}"
-    child = claude_server(tmp_path / name, name, model).start()
-    link(pair["main"], child)
-    yield child
-    stopped(child)
+    child = claude_server(tmp_path / name, name, model)
+    try:
+        link(pair["main"], child.start())
+        yield child
+    finally:
+        stopped(child)
 
 
 def stopped(*servers: Server) -> None:
