@@ -284,34 +284,41 @@ def stopped(*servers: Server) -> None:
 
 
 @pytest.mark.parametrize(
-    ("stop", "ends"),
-    [("SIGKILL", "after the restart"), ("SIGTERM", "while tether is down")],
+    ("stop", "ends", "where"),
+    [
+        ("SIGKILL", "after the restart", "remote"),
+        ("SIGTERM", "while tether is down", "remote"),
+        ("SIGKILL", "while tether is down", "local"),
+    ],
 )
 def test_a_stop_of_the_childs_environment_loses_no_answer(
-    pair: dict[str, Server], victim: Server, tmp_path: Path, stop: str, ends: str
+    pair: dict[str, Server], victim: Server, tmp_path: Path, stop: str, ends: str, where: str
 ) -> None:
-    """The child's environment is stopped while a background Bash of Claude Code runs. The
-    CLI lives on, runs its wake turn (FINAL) when the command ends — before or after tether
-    is back — and the restarted environment delivers that FINAL to the parent, once."""
-    main, child = pair["main"], victim
+    """The child's environment (for a local child: the parent's too) is stopped while a
+    background Bash of Claude Code runs. The CLI lives on, runs its wake turn (FINAL) when
+    the command ends — before or after tether is back — and the restarted environment
+    delivers that FINAL to the parent, once."""
+    child = victim
+    origin = pair["main"] if where == "remote" else child
     gate = tmp_path / "gate"
     task = model_script(
         start=[bash(f"while [ ! -e {gate} ]; do sleep 0.05; done; echo OK", background=True), say("WAITING")],
         end=[[say("FINAL")]],
     )
+    extra = {"environment": child.name} if where == "remote" else {}
     parent = script(
-        rule("start", delegate(task, provider="claude", environment=child.name), reply("delegated")),
+        rule("start", delegate(task, provider="claude", **extra), reply("delegated")),
         rule("delegated_task", reply("got {{text}}"), repeat=True),
     )
-    parent_id = new_thread(main, parent)
-    child_id, _ = remote_child_started(main, child, parent_id, first_run_done_with_command)
+    parent_id = new_thread(origin, parent)
+    child_id, _ = remote_child_started(origin, child, parent_id, first_run_done_with_command)
     child.kill() if stop == "SIGKILL" else child.stop()
     if ends == "while tether is down":
         gate.touch()
     child.start()
     if ends == "after the restart":
         gate.touch()
-    tasks, view = await_finished(main, parent_id)
+    tasks, view = await_finished(origin, parent_id)
     assert_delivered_once(tasks, view)
     with child.client() as client:
         runs = answers(thread(client, child_id))
