@@ -843,7 +843,8 @@ class ClaudeProvider:
         kind = str(turn.run.trigger.get("kind"))
         item_id = turn.run.trigger.get("key")
         live = self._sessions.get(turn.thread.id)
-        if kind in WAKE_TRIGGERS and not (live is not None and live.owns(item_id)):
+        ends = kind in WAKE_TRIGGERS and kind != "monitor_event"  # an item's end, not its output
+        if ends and not (live is not None and live.owns(item_id)):
             written = await self._written(turn, item_id)
             if written is not None:
                 for text in written.texts:
