@@ -83,9 +83,9 @@ def monitor_child(persistent: bool = False, first: str = "WAITING") -> str:
     )
 
 
-BACKGROUND = bash("sleep 1; echo OK", background=True)
-#: Ends well after the first turn's calls (an end arriving during a turn is taken into it).
-SLOW_BACKGROUND = bash("sleep 2.5; echo OK", background=True)
+#: Ends well after the first turn (a task's end that arrives during a turn is taken into
+#: that turn by the CLI: no turn of its own follows, and FINAL would be the first reply).
+BACKGROUND = bash("sleep 2.5; echo OK", background=True)
 AWAIT = {"tool": "mcp__tether__background_wait", "input": {"id": "{{background_id}}"}}
 SCHEDULE = {"tool": "mcp__tether__schedule_wake", "input": {"inMs": 1000, "text": "time is up", "hold": True}}
 FINAL = [[say("FINAL")]]
@@ -98,7 +98,7 @@ PROBES: dict[str, tuple[str, str, bool]] = {
     "2-local": (monitor_child(), "local", False),
     "2-remote": (monitor_child(), "remote", False),
     "3-local": (
-        model_script(start=[SLOW_BACKGROUND, load(AWAIT["tool"]), AWAIT, say("WAITING")], end=FINAL),
+        model_script(start=[BACKGROUND, load(AWAIT["tool"]), AWAIT, say("WAITING")], end=FINAL),
         "local",
         False,
     ),
