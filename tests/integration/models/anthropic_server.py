@@ -50,7 +50,7 @@ NOTIFICATION = "<task-notification>"
 SCENARIOS: dict[str, dict[str, Any]] = {
     "run the suite": {
         "start": [
-            {"tool": "Bash", "input": {"command": "sleep 1; echo OK", "run_in_background": True}},
+            {"tool": "Bash", "input": {"command": "sleep 2.5; echo OK", "run_in_background": True}},
             {"text": "WAITING"},
         ],
         "end": [[{"text": "FINAL"}]],
