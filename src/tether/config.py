@@ -8,8 +8,8 @@ base_url = "http://127.0.0.1:11434/v1"
 model = "qwen2.5-coder"
 api_key_env = "OPENAI_API_KEY"
 
-[providers.claude]            # Claude Code through claude-agent-sdk
-cli_path = "claude"           # or the path of the executable
+[providers.claude]            # Claude Code through claude-agent-sdk (pip install 'tether[claude]')
+cli_path = "claude"           # default: the CLI the SDK bundles
 model = "sonnet"
 permission_mode = "bypassPermissions"
 

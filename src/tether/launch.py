@@ -33,6 +33,7 @@ class Server:
         self, data: Path, name: str, port: int | None = None, env: dict[str, str] | None = None
     ) -> None:
         self.data = data
+        self.env = dict(env or {})
         self.name = name
         self.port = port or free_port()
         self.env = env or {}

@@ -19,7 +19,16 @@ async def serve(data: Path, port: int, host: str = "127.0.0.1", name: str | None
     env.base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
     app = create_app(env)
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=2
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=2,
+        # Longer than clients keep idle connections (Node's fetch: 4 s), so that the client
+        # closes first: with uvicorn's 5 s, a loaded Claude Code CLI reused a connection
+        # the server was closing, and its MCP tool call failed with ECONNRESET.
+        timeout_keep_alive=75,
     )
     server = uvicorn.Server(config)
     loop = asyncio.get_running_loop()

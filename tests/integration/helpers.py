@@ -13,6 +13,8 @@ import os
 import re
 import select
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -365,3 +367,15 @@ def probe_1_with(env: Server, client: httpx.Client, provider: str) -> dict[str, 
     assert record is not None
     record["row"] = outcome(1, "local", record["tasks"], record["parent"], record["child"]["runs"])
     return record
+
+
+def providers(data: Path, env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """``tether providers --data DATA --json`` as a user runs it, by provider name."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tether", "providers", "--data", str(data), "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=True,
+    )
+    return {row["provider"]: row for row in json.loads(done.stdout)}

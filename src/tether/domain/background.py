@@ -10,6 +10,7 @@ WAKE_TRIGGER = {
     ItemKind.COMMAND: Trigger.BACKGROUND_COMMAND,
     ItemKind.MONITOR: Trigger.MONITOR_FINISHED,
     ItemKind.SCHEDULE: Trigger.SCHEDULED,
+    ItemKind.AGENT: Trigger.BACKGROUND_COMMAND,
 }
 
 
@@ -49,4 +50,6 @@ def end_text(item: Item) -> str:
             return f"Monitor{name} `{item.command}` ended ({how})."
         case ItemKind.SCHEDULE:
             return item.text or "Scheduled wake."
+        case ItemKind.AGENT:
+            return f"Background agent{name} `{item.command}` ended ({item.reason or item.status})."
     return f"{item.kind} {item.id} ended."

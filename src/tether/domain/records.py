@@ -139,6 +139,9 @@ class Item(Record):
     exit_code: int | None = None
     ended_at: str | None = None
     # processes
+    #: Who runs the process: None for tether (a wrapper it spawned), else the provider
+    #: whose agent runs it itself (Claude Code's background Bash or Monitor).
+    runner: str | None = None
     pid: int | None = None
     pid_start: str | None = None
     offset: int = 0

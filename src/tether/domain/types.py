@@ -35,6 +35,8 @@ class ItemKind(StrEnum):
     MONITOR = "monitor"
     SCHEDULE = "schedule"
     TASK = "task"
+    #: Background work an agent runs itself that is not a shell: a Claude Code subagent.
+    AGENT = "agent"
 
 
 class ItemStatus(StrEnum):

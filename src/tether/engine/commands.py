@@ -827,6 +827,7 @@ class Commands:
                 awaited=awaited,
                 persistent=persistent,
                 timeout_ms=timeout_ms,
+                runner=None if spawn else thread.provider,
             )
             self._start_item(u, item, "process.start" if spawn else None)
             return item_view(item)

@@ -109,9 +109,14 @@ class Runtime:
         adopt: list[tuple[Item, int]] = []
         with self.store.read() as reader:
             pending = reader.outbox(limit=1_000_000)
-            items = reader.find(Item, status=ItemStatus.RUNNING, kind=[ItemKind.COMMAND, ItemKind.MONITOR])
+            items = reader.find(
+                Item, status=ItemStatus.RUNNING, kind=[ItemKind.COMMAND, ItemKind.MONITOR, ItemKind.AGENT]
+            )
         pending_spawns = {row.payload["itemId"] for row in pending if row.kind == "process.start"}
+        agent_run = self._agent_run([i for i in items if i.runner is not None], lost)
         for item in items:
+            if item.runner is not None:
+                continue  # run by an agent, not by tether: its provider adopts it below
             if item.id in pending_spawns and not self.processes.spawned_before(item.id):
                 continue  # never spawned: its process.start row will do it
             fate, value = self.processes.fate(item)
@@ -126,11 +131,30 @@ class Runtime:
         self._started = True
         for item, pid in adopt:
             self.processes.watch(item, pid)
+        for adopter, its in agent_run:
+            adopter(self, its)
         self._timer_task = asyncio.create_task(_supervise("timers", self._timers), name="timers")
         self._housekeeping = asyncio.create_task(_supervise("prune events", self._prune), name="prune")
         self._kick()
         if self._drain_task is not None:
             await asyncio.shield(self._drain_task)
+
+    def _agent_run(self, items: list[Item], lost: list[str]) -> list[tuple[Callable[..., None], list[Item]]]:
+        """Background work an agent runs itself (``spawn=False``) has no process of tether's
+        to look at: its provider adopts it (``provider.adopt(runtime, items)``: it reports each
+        item's end, as the agent reports it, once it knows). Items of a provider that cannot
+        adopt are ``lost``."""
+        by_runner: dict[str, list[Item]] = {}
+        for item in items:
+            by_runner.setdefault(str(item.runner), []).append(item)
+        adopters = []
+        for runner, its in by_runner.items():
+            adopter = getattr(self.providers.get(runner), "adopt", None)
+            if adopter is None:
+                lost.extend(item.id for item in its)
+            else:
+                adopters.append((adopter, its))
+        return adopters
 
     async def close(self) -> None:
         """Stop our own tasks. Runs left running are marked interrupted at the next start."""

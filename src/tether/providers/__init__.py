@@ -35,6 +35,6 @@ def usability(providers: dict[str, Provider]) -> list[dict[str, Any]]:
     """``[{provider, usable, reason}]``: what ``tether providers`` and ``/api/providers`` show."""
     rows = []
     for name, provider in providers.items():
-        problem = provider.check()
+        problem = getattr(provider, "diagnose", provider.check)()  # the deeper check, if any
         rows.append({"provider": name, "usable": problem is None, "reason": problem})
     return rows

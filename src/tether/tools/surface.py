@@ -19,6 +19,9 @@ from tether.engine.queries import Queries
 from tether.errors import Invalid, NotFound
 from tether.types import Caller
 
+#: How long ``background_wait`` waits for an id it does not know yet (see there).
+AGENT_REPORT_GRACE_S = 2.0
+
 if TYPE_CHECKING:
     from tether.engine.runtime import Runtime
 
@@ -239,7 +242,26 @@ class Tools:
         )
 
     async def background_wait(self, caller: Caller, id: str) -> dict[str, Any]:
-        return self.commands.background_wait(caller, id)
+        try:
+            return self.commands.background_wait(caller, id)
+        except NotFound:
+            if caller.thread_id is None:
+                raise
+            # An agent that runs its own background work (Claude Code) may call this with
+            # its command's id before tether has read the report of that command (the two
+            # travel on different channels): give the report a moment to arrive.
+            found = await self.runtime.notifier.wait_until(
+                [f"thread:{caller.thread_id}"], lambda: self._await_known(caller, id), AGENT_REPORT_GRACE_S
+            )
+            if found is None:
+                raise
+            return found
+
+    def _await_known(self, caller: Caller, ref: str) -> dict[str, Any] | None:
+        try:
+            return self.commands.background_wait(caller, ref)
+        except NotFound:
+            return None
 
     async def monitor_start(
         self,

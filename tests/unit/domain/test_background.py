@@ -62,6 +62,7 @@ def test_each_process_kind_has_its_own_wake_trigger() -> None:
         ItemKind.COMMAND: Trigger.BACKGROUND_COMMAND,
         ItemKind.MONITOR: Trigger.MONITOR_FINISHED,
         ItemKind.SCHEDULE: Trigger.SCHEDULED,
+        ItemKind.AGENT: Trigger.BACKGROUND_COMMAND,  # an agent's own subagent: the wake of background work
     }
 
 

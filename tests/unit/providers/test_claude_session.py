@@ -5,12 +5,14 @@ parser, as the provider receives them."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from typing import Any
 
 import pytest
 from claude_agent_sdk._internal.message_parser import parse_message
 
-from tether.providers.claude import ClaudeSession, CliTurn
+from tether.providers.claude import ClaudeProvider, ClaudeSession, CliTurn
+from tether.providers.claude_transcript import event_notice, written_turns
 
 SID = "sess-1"
 
@@ -20,11 +22,13 @@ class Commands:
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
+        self.persistent: dict[str, bool] = {}
 
     def start_process(
-        self, caller: Any, kind: str, command: str, *, label: str, spawn: bool
+        self, caller: Any, kind: str, command: str, *, label: str, spawn: bool, persistent: bool = False
     ) -> dict[str, Any]:
         self.calls.append(("start", caller.thread_id, caller.run_id, kind, command, label, spawn))
+        self.persistent[label] = persistent
         return {"id": f"bg_{label}"}
 
     def process_ended(
@@ -120,12 +124,12 @@ def notification(
     }
 
 
-def updated(task_id: str, status: str) -> dict[str, Any]:
+def updated(task_id: str, status: str, **patch: Any) -> dict[str, Any]:
     return {
         "type": "system",
         "subtype": "task_updated",
         "task_id": task_id,
-        "patch": {"status": status},
+        "patch": {"status": status, **patch},
         "uuid": "u",
         "session_id": SID,
     }
@@ -184,6 +188,16 @@ async def test_a_monitor_becomes_a_monitor_item() -> None:
     s, commands = session()
     feed(s, tool_use("toolu_m", "Monitor", {"command": "tail -f log"}), started("m1", "toolu_m", "monitor"))
     assert commands.calls[0][3:6] == ("monitor", "tail -f log", "m1")
+    assert commands.persistent == {"m1": False}
+
+
+async def test_the_real_clis_monitor_is_a_local_bash_task_and_may_be_persistent() -> None:
+    """Claude Code 2.1.3xx reports a Monitor as ``local_bash``: its tool's name tells."""
+    s, commands = session()
+    monitor = tool_use("toolu_m", "Monitor", {"command": "tail -f log", "persistent": True})
+    feed(s, monitor, started("m1", "toolu_m", "local_bash", is_backgrounded=True))
+    assert commands.calls[0][3:6] == ("monitor", "tail -f log", "m1")
+    assert commands.persistent == {"m1": True}
 
 
 async def test_foreground_subagents_are_not_background_work() -> None:
@@ -191,7 +205,23 @@ async def test_foreground_subagents_are_not_background_work() -> None:
     feed(s, started("a1", "toolu_a", "local_agent"))
     assert commands.calls == []
     feed(s, started("a2", "toolu_b", "local_agent", is_backgrounded=True))
-    assert commands.calls[0][3] == "command"
+    assert commands.calls[0][3] == "agent"  # not a command
+
+
+async def test_a_long_foreground_command_is_not_background_work_until_sent_there() -> None:
+    """Claude Code 2.1.3xx reports a foreground Bash of ~3 s as a task too."""
+    s, commands = session()
+    feed(s, started("f1", "toolu_f", "local_bash", is_backgrounded=False), notification("f1"))
+    assert commands.calls == []
+    feed(s, started("f2", "toolu_g", "local_bash", is_backgrounded=False))
+    feed(s, updated("f2", "running", is_backgrounded=True))
+    assert [c[3] for c in commands.calls] == ["command"]
+
+
+async def test_work_a_subagent_started_is_not_the_threads() -> None:
+    s, commands = session()
+    feed(s, started("s1", "toolu_s", "local_bash", is_backgrounded=True, owned_by_subagent=True))
+    assert commands.calls == []
 
 
 async def test_a_notification_ends_the_item_once() -> None:
@@ -351,3 +381,69 @@ async def test_a_wake_takes_the_clis_turns_until_it_is_idle() -> None:
     turns = await waking
     assert [t.reply for t in turns] == ["PROGRESS", "FINAL"]
     assert s.turns == []
+
+
+def test_providers_says_how_to_install_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "claude_agent_sdk" else real(name, *a)
+    )
+    assert ClaudeProvider({}).check() == (
+        "the claude-agent-sdk package is not installed: pip install 'tether[claude]'"
+    )
+
+
+def transcript(*entries: tuple[str, Any, str | None]) -> list[Any]:
+    """Session messages as ``claude_agent_sdk.get_session_messages`` returns them."""
+    from claude_agent_sdk import SessionMessage
+
+    found = []
+    for n, (kind, content, stop) in enumerate(entries):
+        body: dict[str, Any] = {"role": kind, "content": content}
+        if kind == "assistant":
+            body["stop_reason"] = stop
+        found.append(SessionMessage(type=kind, uuid=f"u{n}", session_id=SID, message=body))
+    return found
+
+
+def notice(task_id: str, status: str | None = None, event: str | None = None) -> str:
+    parts = [f"<task-id>{task_id}</task-id>", f"<status>{status}</status>" if status else ""]
+    parts.append("<summary>Background command completed (exit code 0)</summary>" if status else "")
+    parts.append(f"<event>{event}</event>" if event else "")
+    return "<system-reminder>\n<task-notification>\n" + "\n".join(parts) + "\n</task-notification>"
+
+
+def test_the_wake_turn_a_cli_wrote_while_tether_was_down_is_read_back() -> None:
+    """A task's end notice, then the assistant's texts up to its end of turn; a turn cut at
+    a tool call is not complete (its wake run then prompts the session instead)."""
+    found = written_turns(
+        transcript(
+            ("user", "go", None),
+            ("assistant", [{"type": "text", "text": "WAITING"}], "end_turn"),
+            ("user", notice("b1", "completed"), None),
+            ("assistant", [{"type": "text", "text": "looking"}, {"type": "tool_use"}], "tool_use"),
+            ("user", [{"type": "tool_result", "content": "ok"}], None),
+            ("assistant", [{"type": "text", "text": "FINAL"}], "end_turn"),
+            ("user", notice("b2", "failed"), None),
+            ("assistant", [{"type": "tool_use"}], "tool_use"),
+        )
+    )
+    assert (found["b1"].status, found["b1"].texts, found["b1"].complete) == (
+        "completed",
+        ["looking", "FINAL"],
+        True,
+    )
+    assert found["b1"].summary == "Background command completed (exit code 0)"
+    assert (found["b2"].status, found["b2"].complete) == ("failed", False)
+
+
+def test_a_monitor_event_turn_is_traced_to_its_monitor_and_lines() -> None:
+    messages = transcript(
+        ("user", notice("m1", event="line1\nline2"), None),
+        ("assistant", [{"type": "text", "text": "PROGRESS"}], "end_turn"),
+        ("user", notice("m1", "completed", event="line3"), None),
+        ("assistant", [{"type": "text", "text": "FINAL"}], "end_turn"),
+    )
+    assert event_notice(messages, "u1") == ("m1", ["line1", "line2"])
+    assert event_notice(messages, "u3") == ("m1", ["line1", "line2"])  # an end is not an event
+    assert event_notice(messages, "nope") is None

@@ -9,7 +9,14 @@ from tether.engine.processes.base import ProcessBackend, ProcessManager
 from tether.engine.processes.linux import LinuxBackend, pidfd_works
 from tether.engine.processes.portable import PortableBackend
 
-__all__ = ["LinuxBackend", "PortableBackend", "ProcessBackend", "ProcessManager", "choose_backend"]
+__all__ = [
+    "LinuxBackend",
+    "PortableBackend",
+    "ProcessBackend",
+    "ProcessManager",
+    "choose_backend",
+    "process_start_time",
+]
 
 #: Names of the portable backend on the platforms it is the native choice for.
 _NATIVE = {"darwin": "macos", "win32": "windows"}
@@ -33,3 +40,9 @@ def choose_backend(choice: str | None = None, platform: str = sys.platform) -> P
     if linux and pidfd_works():
         return LinuxBackend()
     return PortableBackend(_NATIVE.get(platform, "portable"), platform)
+
+
+def process_start_time(pid: int) -> str | None:
+    """``pid``'s start stamp under the backend in use, or None if it is gone: what tells a
+    process an agent CLI started from a later one that reused its pid."""
+    return choose_backend().identity(pid)
