@@ -39,6 +39,10 @@ from tether.ids import format_time, new_id, now, parse_time
 from tether.store.base import OutboxRow, Store
 from tether.types import Caller
 
+#: The parent environment of tasks an A2A client started (SPEC §14): the client's context
+#: id stands in as the parent thread, and the client reads results over A2A.
+A2A_PARENT = "a2a"
+
 _TERMINAL_ITEM = {
     TaskStatus.COMPLETED: ItemStatus.ENDED,
     TaskStatus.FAILED: ItemStatus.FAILED,
@@ -1117,6 +1121,43 @@ class Commands:
             return task_view(record)
 
         return self._once(caller, "accept_task", task_id, body)
+
+    def a2a_message(
+        self, caller: Caller, context_id: str, text: str, message_id: str, provider: str | None = None
+    ) -> dict[str, Any]:
+        """An A2A message (SPEC §14), one transaction, at most once per message id (G9).
+
+        The A2A caller's context is the parent "thread" (in the pseudo-environment
+        ``A2A_PARENT``). A new context gets a child thread and a task; an existing one gets
+        the message in its child thread as from the parent (``thread_send``), so the
+        follow-up rule of §1 applies. Answers the task the message is for: the open one,
+        or the follow-up it opened."""
+        origin = {"environmentId": A2A_PARENT, "threadId": context_id}
+
+        def body(u: Unit) -> dict[str, Any]:
+            roots = u.query(
+                Task, parent_thread_id=context_id, parent_environment_id=A2A_PARENT, follow_up_of=None
+            )
+            if not roots:
+                record = Task(
+                    id=new_id("tsk"),
+                    parent_environment_id=A2A_PARENT,
+                    parent_thread_id=context_id,
+                    child_environment_id=self.environment_id,
+                    child_thread_id="",
+                    created_at=u.at,
+                )
+                chosen = provider or _default_provider(text, "script")
+                self._child(u, record, text, chosen, caller.token_id, origin)
+                return task_view(record)
+            child = self.thread_for(u, caller, self.task_for(u, caller, roots[0].id).child_thread_id)
+            if child.cancelled:
+                raise Conflict(f"the task of context {context_id!r} was cancelled: it takes no messages")
+            self._follow_up_on_send(u, child)
+            self._post(u, child, text, {"kind": Trigger.MESSAGE, "origin": origin}, Trigger.MESSAGE)
+            return task_view(u.need(Task, child.open_task_id or "", "task"))
+
+        return self._once(caller, "a2a_message", message_id, body)
 
     # ------------------------------------------------------------------ restart (G6)
 
