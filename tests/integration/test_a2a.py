@@ -1,0 +1,245 @@
+"""A2A serving (SPEC §14), driven by the official ``a2a-sdk`` client against a real ``tether
+serve``: the card, Bearer auth and the fence, probe 1 over A2A (WAITING as the task, FINAL as
+a follow-up task in the same context that references it, exactly once — also across a
+SIGKILL), ``return_immediately``, cancel, and bad requests answered with A2A error codes
+that change nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+from a2a.client import Client, ClientConfig, create_client
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.errors import (
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+
+from tether.launch import Server
+
+from .helpers import await_state, reply, rule, script, tasks_of
+
+COMPLETED, CANCELED = pb.TaskState.TASK_STATE_COMPLETED, pb.TaskState.TASK_STATE_CANCELED
+OPEN = (pb.TaskState.TASK_STATE_SUBMITTED, pb.TaskState.TASK_STATE_WORKING)
+
+
+def probe_1(seconds: float = 1) -> dict[str, Any]:
+    """Probe 1: a background command outlives the first run (WAITING); FINAL on its end."""
+    return script(
+        rule("start", {"bash": f"sleep {seconds}; echo OK", "background": True, "id": "b1"}, reply("WAITING")),
+        rule("background_command", reply("FINAL")),
+    )
+
+
+def message(text: str | dict[str, Any], message_id: str, **fields: Any) -> pb.Message:
+    body = text if isinstance(text, str) else json.dumps(text)
+    return pb.Message(message_id=message_id, role=pb.Role.ROLE_USER, parts=[pb.Part(text=body)], **fields)
+
+
+@asynccontextmanager
+async def a2a(server: Server, token: str | None = None, binding: str = "JSONRPC") -> AsyncIterator[Client]:
+    """The SDK's client, found through the agent card, with a Bearer token."""
+    headers = {"Authorization": f"Bearer {token or server.token}"}
+    async with httpx.AsyncClient(headers=headers, timeout=90) as http:
+        config = ClientConfig(streaming=False, httpx_client=http, supported_protocol_bindings=[binding])
+        client = await create_client(server.url, config)
+        yield client
+
+
+async def send(client: Client, msg: pb.Message, return_immediately: bool = False) -> pb.Task:
+    request = pb.SendMessageRequest(message=msg)
+    request.configuration.return_immediately = return_immediately
+    answers = [answer async for answer in client.send_message(request)]
+    assert len(answers) == 1 and answers[0].HasField("task"), answers
+    return answers[0].task
+
+
+def text_of(task: pb.Task) -> list[str]:
+    return [part.text for artifact in task.artifacts for part in artifact.parts]
+
+
+async def context_tasks(client: Client, context_id: str) -> list[pb.Task]:
+    found = await client.list_tasks(pb.ListTasksRequest(context_id=context_id, include_artifacts=True))
+    return list(found.tasks)
+
+
+def await_follow_up(server: Server, original: pb.Task) -> None:
+    """Until the context's follow-up completed (the tether view: its parent is the context)."""
+
+    def done() -> bool:
+        with server.client() as api:
+            found = tasks_of(api, original.context_id)
+        return len(found) > 1 and all(task["status"] == "completed" for task in found)
+
+    await_state(server, done, what=f"the follow-up of {original.id}")
+
+
+def assert_late_answer_once(tasks: list[pb.Task], original: pb.Task) -> None:
+    """The original ends with WAITING; FINAL is one new task referencing it (G1 over A2A)."""
+    assert [t.id for t in tasks][0] == original.id
+    assert text_of(tasks[0]) == ["WAITING"] and tasks[0].status.state == COMPLETED
+    follow_ups = tasks[1:]
+    assert len(follow_ups) == 1, [text_of(t) for t in tasks]
+    late = follow_ups[0]
+    assert late.context_id == original.context_id and late.status.state == COMPLETED
+    assert text_of(late) == ["FINAL"]
+    assert list(late.status.message.reference_task_ids) == [original.id]
+    assert list(late.history[0].reference_task_ids) == [original.id]
+    assert late.metadata["tether.followUpOf"] == original.id
+
+
+# ---------------------------------------------------------------------------- card and auth
+
+
+def test_card_is_public_and_every_call_needs_a_token(module_server: Server) -> None:
+    card = httpx.get(f"{module_server.url}/.well-known/agent-card.json")
+    assert card.status_code == 200, card.text
+    body = card.json()
+    assert body["name"] == "module"
+    assert {i["protocolBinding"]: i["url"] for i in body["supportedInterfaces"]} == {
+        "JSONRPC": f"{module_server.url}/a2a",
+        "HTTP+JSON": f"{module_server.url}/a2a/v1",
+    }
+    assert "script" in {skill["id"] for skill in body["skills"]}
+    assert body["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "Bearer"
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {}}
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        answer = httpx.post(f"{module_server.url}/a2a", json=rpc, headers=headers)
+        assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer", answer.text
+        assert httpx.get(f"{module_server.url}/a2a/v1/tasks", headers=headers).status_code == 401
+
+
+# ---------------------------------------------------------------------------- the late answer
+
+
+async def test_probe_1_over_a2a_late_answer_is_a_follow_up_task(module_server: Server) -> None:
+    async with a2a(module_server) as client:
+        original = await send(client, message(probe_1(), "probe-1"))
+        assert original.status.state == COMPLETED, original
+        assert text_of(original) == ["WAITING"]
+        await_follow_up(module_server, original)
+        tasks = await context_tasks(client, original.context_id)
+        assert_late_answer_once(tasks, original)
+        late = await client.get_task(pb.GetTaskRequest(id=tasks[1].id))
+        assert text_of(late) == ["FINAL"]
+        assert (await client.get_task(pb.GetTaskRequest(id=original.id))).status.state == COMPLETED
+
+
+async def test_a_message_to_the_context_goes_to_the_thread_and_answers_as_a_follow_up(
+    module_server: Server,
+) -> None:
+    echo = script(rule("start", reply("READY")), rule("message", reply("got {{text}}"), repeat=True))
+    async with a2a(module_server, binding="HTTP+JSON") as client:
+        first = await send(client, message(echo, "echo-1"))
+        assert text_of(first) == ["READY"]
+        again = await send(client, message("ping", "echo-2", context_id=first.context_id))
+        assert again.id != first.id and again.context_id == first.context_id
+        assert text_of(again) == ["got ping"] and list(again.status.message.reference_task_ids) == [first.id]
+        repeated = await send(client, message("ping", "echo-2", context_id=first.context_id))
+        assert repeated.id == again.id  # the same message id is one message (G9)
+        assert len(await context_tasks(client, first.context_id)) == 2
+
+
+async def test_survives_sigkill_and_the_late_answer_still_arrives_once(server: Server) -> None:
+    async with a2a(server) as client:
+        original = await send(client, message(probe_1(3), "probe-kill"))
+        assert text_of(original) == ["WAITING"]
+    server.kill()
+    server.start()
+    async with a2a(server) as client:
+        assert text_of(await client.get_task(pb.GetTaskRequest(id=original.id))) == ["WAITING"]
+        await_follow_up(server, original)
+        assert_late_answer_once(await context_tasks(client, original.context_id), original)
+
+
+# ---------------------------------------------------------------------------- immediate, cancel
+
+
+async def test_return_immediately_then_cancel(module_server: Server) -> None:
+    slow = script(rule("start", {"sleep_ms": 30_000}, reply("LATE")))
+    async with a2a(module_server) as client:
+        task = await send(client, message(slow, "slow-1"), return_immediately=True)
+        assert task.status.state in OPEN, task
+        cancelled = await client.cancel_task(pb.CancelTaskRequest(id=task.id))
+        assert cancelled.status.state == CANCELED
+        with pytest.raises(TaskNotCancelableError):
+            await client.cancel_task(pb.CancelTaskRequest(id=task.id))
+        assert (await client.get_task(pb.GetTaskRequest(id=task.id))).status.state == CANCELED
+        with module_server.client() as api:
+            assert api.get(f"/api/tasks/{task.id}").json()["status"] == "cancelled"
+
+
+def test_a2a_0_3_blocking_false_answers_at_once(module_server: Server) -> None:
+    slow = script(rule("start", {"sleep_ms": 30_000}, reply("LATE")))
+    params = {
+        "message": {
+            "kind": "message",
+            "messageId": "v03-1",
+            "role": "user",
+            "parts": [{"kind": "text", "text": json.dumps(slow)}],
+        },
+        "configuration": {"blocking": False},
+    }
+    with module_server.client() as api:
+        answer = api.post("/a2a", json={"jsonrpc": "2.0", "id": 7, "method": "message/send", "params": params})
+        assert answer.status_code == 200, answer.text
+        result = answer.json()["result"]
+        assert result["kind"] == "task" and result["status"]["state"] in ("submitted", "working"), result
+        assert api.post(f"/api/tasks/{result['id']}/cancel").json()["status"] == "cancelled"
+
+
+# ---------------------------------------------------------------------------- the fence, bad input
+
+
+async def test_a_link_token_sees_only_its_own_tasks(module_server: Server) -> None:
+    with module_server.client() as api:
+        token = api.post("/api/link-tokens", json={"label": "a2a-peer"}).json()["token"]
+    quick = script(rule("start", reply("DONE")))
+    async with a2a(module_server) as admin, a2a(module_server, token) as peer:
+        mine = await send(peer, message(quick, "fence-peer"))
+        theirs = await send(admin, message(quick, "fence-admin"))
+        listed = {t.id for t in (await peer.list_tasks(pb.ListTasksRequest())).tasks}
+        assert mine.id in listed and theirs.id not in listed
+        assert theirs.id in {t.id for t in (await admin.list_tasks(pb.ListTasksRequest())).tasks}
+        with pytest.raises(TaskNotFoundError):
+            await peer.get_task(pb.GetTaskRequest(id=theirs.id))
+        with pytest.raises(TaskNotFoundError):
+            await peer.cancel_task(pb.CancelTaskRequest(id=theirs.id))
+        with pytest.raises(TaskNotFoundError):
+            await send(peer, message("hello", "fence-into", context_id=theirs.context_id))
+        assert len(await context_tasks(admin, theirs.context_id)) == 1
+
+
+async def test_bad_requests_get_a2a_errors_and_change_nothing(module_server: Server) -> None:
+    async with a2a(module_server) as client:
+        before = (await client.list_tasks(pb.ListTasksRequest())).total_size
+        empty = pb.Message(message_id="bad-1", role=pb.Role.ROLE_USER, parts=[pb.Part(text="  ")])
+        with pytest.raises(InvalidParamsError):
+            await send(client, empty)
+        unknown = message("hi", "bad-2")
+        unknown.metadata.update({"tether.provider": "nonesuch"})
+        with pytest.raises(InvalidParamsError):
+            await send(client, unknown)
+        with pytest.raises(TaskNotFoundError):
+            await client.get_task(pb.GetTaskRequest(id="tsk_nonesuch"))
+        with pytest.raises(TaskNotFoundError):
+            await send(client, message("hi", "bad-3", task_id="tsk_nonesuch"))
+        done = await send(client, message(script(rule("start", reply("DONE"))), "bad-4"))
+        with pytest.raises(UnsupportedOperationError):
+            await send(client, message("more", "bad-5", task_id=done.id))
+        with pytest.raises(InvalidParamsError):
+            await client.list_tasks(pb.ListTasksRequest(page_size=1000))
+        assert (await client.list_tasks(pb.ListTasksRequest())).total_size == before + 1
+        assert len(await context_tasks(client, done.context_id)) == 1
+    with module_server.client() as api:
+        unknown_method = api.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "Nope", "params": {}})
+        assert unknown_method.json()["error"]["code"] == -32601
+        broken = api.post("/a2a", content=b"{not json", headers={"Content-Type": "application/json"})
+        assert broken.json()["error"]["code"] == -32700
