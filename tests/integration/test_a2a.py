@@ -33,7 +33,9 @@ OPEN = (pb.TaskState.TASK_STATE_SUBMITTED, pb.TaskState.TASK_STATE_WORKING)
 def probe_1(seconds: float = 1) -> dict[str, Any]:
     """Probe 1: a background command outlives the first run (WAITING); FINAL on its end."""
     return script(
-        rule("start", {"bash": f"sleep {seconds}; echo OK", "background": True, "id": "b1"}, reply("WAITING")),
+        rule(
+            "start", {"bash": f"sleep {seconds}; echo OK", "background": True, "id": "b1"}, reply("WAITING")
+        ),
         rule("background_command", reply("FINAL")),
     )
 
@@ -83,7 +85,7 @@ def await_follow_up(server: Server, original: pb.Task) -> None:
 
 def assert_late_answer_once(tasks: list[pb.Task], original: pb.Task) -> None:
     """The original ends with WAITING; FINAL is one new task referencing it (G1 over A2A)."""
-    assert [t.id for t in tasks][0] == original.id
+    assert tasks[0].id == original.id
     assert text_of(tasks[0]) == ["WAITING"] and tasks[0].status.state == COMPLETED
     follow_ups = tasks[1:]
     assert len(follow_ups) == 1, [text_of(t) for t in tasks]
@@ -188,7 +190,8 @@ def test_a2a_0_3_blocking_false_answers_at_once(module_server: Server) -> None:
         "configuration": {"blocking": False},
     }
     with module_server.client() as api:
-        answer = api.post("/a2a", json={"jsonrpc": "2.0", "id": 7, "method": "message/send", "params": params})
+        rpc = {"jsonrpc": "2.0", "id": 7, "method": "message/send", "params": params}
+        answer = api.post("/a2a", json=rpc)
         assert answer.status_code == 200, answer.text
         result = answer.json()["result"]
         assert result["kind"] == "task" and result["status"]["state"] in ("submitted", "working"), result
