@@ -46,11 +46,13 @@ def message(text: str | dict[str, Any], message_id: str, **fields: Any) -> pb.Me
 
 
 @asynccontextmanager
-async def a2a(server: Server, token: str | None = None, binding: str = "JSONRPC") -> AsyncIterator[Client]:
+async def a2a(
+    server: Server, token: str | None = None, binding: str = "JSONRPC", streaming: bool = False
+) -> AsyncIterator[Client]:
     """The SDK's client, found through the agent card, with a Bearer token."""
     headers = {"Authorization": f"Bearer {token or server.token}"}
     async with httpx.AsyncClient(headers=headers, timeout=90) as http:
-        config = ClientConfig(streaming=False, httpx_client=http, supported_protocol_bindings=[binding])
+        config = ClientConfig(streaming=streaming, httpx_client=http, supported_protocol_bindings=[binding])
         client = await create_client(server.url, config)
         yield client
 
@@ -147,6 +149,35 @@ async def test_a_message_to_the_context_goes_to_the_thread_and_answers_as_a_foll
         repeated = await send(client, message("ping", "echo-2", context_id=first.context_id))
         assert repeated.id == again.id  # the same message id is one message (G9)
         assert len(await context_tasks(client, first.context_id)) == 2
+
+
+def results(events: list[pb.StreamResponse]) -> list[tuple[str, str]]:
+    """(task id, result text) of every result a stream carried, in whole tasks or updates."""
+    found = [(e.task.id, text) for e in events if e.HasField("task") for text in text_of(e.task)]
+    updates = [e.artifact_update for e in events if e.HasField("artifact_update")]
+    return found + [(u.task_id, part.text) for u in updates for part in u.artifact.parts]
+
+
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_a_stream_carries_the_late_answer_and_a_resubscribe_gets_it_again(
+    module_server: Server, binding: str
+) -> None:
+    async with a2a(module_server, binding=binding, streaming=True) as client:
+        request = pb.SendMessageRequest(message=message(probe_1(), f"stream-{binding}"))
+        events = [event async for event in client.send_message(request)]  # ends once nothing can answer
+        original, late = [event.task for event in events if event.HasField("task")]
+        assert late.metadata["tether.followUpOf"] == original.id and late.context_id == original.context_id
+        assert sorted(results(events)) == sorted([(original.id, "WAITING"), (late.id, "FINAL")])
+        statuses = [late.status] + [
+            e.status_update.status
+            for e in events
+            if e.HasField("status_update") and e.status_update.task_id == late.id
+        ]
+        assert statuses[-1].state == COMPLETED
+        assert list(statuses[-1].message.reference_task_ids) == [original.id]
+        again = [event async for event in client.subscribe(pb.SubscribeToTaskRequest(id=original.id))]
+        assert [event.task.id for event in again] == [original.id, late.id]
+        assert results(again) == [(original.id, "WAITING"), (late.id, "FINAL")]
 
 
 async def test_survives_sigkill_and_the_late_answer_still_arrives_once(server: Server) -> None:

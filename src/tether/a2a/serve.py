@@ -276,14 +276,47 @@ class TetherHandler(RequestHandler):
     async def on_message_send_stream(
         self, params: pb.SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any]:
-        raise UnsupportedOperationError("streaming is not served yet: use SendMessage and GetTask")
-        yield
+        who = _caller(context)
+        async for event in self._follow(who, self._send(who, params)):
+            yield event
 
     async def on_subscribe_to_task(
         self, params: pb.SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any]:
-        raise UnsupportedOperationError("streaming is not served yet: use GetTask")
-        yield
+        """Also for a terminal task: its context may still get the follow-up (beyond A2A)."""
+        async for event in self._follow(_caller(context), params.id):
+            yield event
+
+    async def _follow(self, who: Caller, task_id: str) -> AsyncGenerator[Any]:
+        """The task, then every change of it and of the tasks that follow it in its context —
+        a late answer's follow-up task included — until none is open and the child has no
+        work left that could still answer. Each step re-reads the store, so a subscriber
+        that comes back gets every task it missed, whole."""
+        sent: dict[str, pb.Task] = {}
+        newer = self.env.store.last_event_seq
+        while True:
+            seen = newer()  # before the read: any change after it wakes the wait below
+            with _as_a2a_errors(), self.env.commands.view() as u:
+                tasks, live = self._from(u, who, task_id)
+                found = [a2a_task(u, task) for task in tasks]
+            for task in found:
+                for event in _changes(sent.get(task.id), task):
+                    yield event
+                sent[task.id] = task
+            if not live:
+                return
+            child = f"thread:{tasks[0].child_thread_id}"
+            await self.env.runtime.notifier.wait_until(
+                [child], lambda seen=seen: True if newer() > seen else None, None
+            )
+
+    def _from(self, u: View, who: Caller, task_id: str) -> tuple[list[Task], bool]:
+        """The task and the later tasks of its context; whether any may still change."""
+        first = self._find(u, who, task_id)
+        context = u.query(Task, parent_thread_id=first.parent_thread_id, parent_environment_id=A2A_PARENT)
+        tasks = context[[task.id for task in context].index(first.id) :]
+        live = any(task.is_open for task in tasks) or context[-1].child_active
+        return tasks, live
 
     async def on_create_task_push_notification_config(
         self, params: pb.TaskPushNotificationConfig, context: ServerCallContext
@@ -311,6 +344,22 @@ class TetherHandler(RequestHandler):
         raise ExtendedAgentCardNotConfiguredError("the public card is the whole card")
 
 
+def _changes(before: pb.Task | None, now: pb.Task) -> list[Any]:
+    """Stream events from one task's last sent state to its current one: a new task whole,
+    then a new result as an artifact update and a new status as a status update."""
+    if before is None:
+        return [now]
+    events: list[Any] = []
+    if now.artifacts != before.artifacts:
+        events += [
+            pb.TaskArtifactUpdateEvent(task_id=now.id, context_id=now.context_id, artifact=a, last_chunk=True)
+            for a in now.artifacts
+        ]
+    if now.status.state != before.status.state or now.status.message != before.status.message:
+        events.append(pb.TaskStatusUpdateEvent(task_id=now.id, context_id=now.context_id, status=now.status))
+    return events
+
+
 def _trim_history(task: pb.Task, length: int) -> None:
     if length < 0:
         raise InvalidParamsError("historyLength must not be negative")
@@ -334,7 +383,7 @@ def agent_card(env: Environment, base_url: str) -> pb.AgentCard:
         default_output_modes=["text/plain"],
     )
     card.provider.organization, card.provider.url = "tether", base_url
-    card.capabilities.streaming = False
+    card.capabilities.streaming = True
     card.capabilities.push_notifications = False
     for binding, path in (
         (TransportProtocol.JSONRPC, JSONRPC_PATH),
