@@ -180,6 +180,48 @@ async def test_a_stream_carries_the_late_answer_and_a_resubscribe_gets_it_again(
         assert results(again) == [(original.id, "WAITING"), (late.id, "FINAL")]
 
 
+def subscribe_raw(
+    server: Server, task_id: str, last_event_id: str | None = None, limit: int = 0
+) -> list[Any]:
+    """SubscribeToTask over plain HTTP, to see the SSE ids: ``(id, StreamResponse dict)``
+    pairs until the stream ends (or ``limit`` arrived)."""
+    headers = {"A2A-Version": "1.0"} | ({"Last-Event-ID": last_event_id} if last_event_id else {})
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask", "params": {"id": task_id}}
+    found: list[Any] = []
+    with server.client() as api, api.stream("POST", "/a2a", json=rpc, headers=headers) as answer:
+        assert answer.status_code == 200
+        event_id = None
+        for line in answer.iter_lines():
+            if line.startswith("id:"):
+                event_id = line.removeprefix("id:").strip()
+            elif line.startswith("data:"):
+                found.append((event_id, json.loads(line.removeprefix("data:"))["result"]))
+                if len(found) == limit:
+                    break
+    return found
+
+
+async def test_a_resubscribe_with_last_event_id_gets_only_what_it_missed(server: Server) -> None:
+    """The late answer waits for a file the test creates: no timing decides what is missed."""
+    gate = server.data / "workspace" / "go"
+    child = script(
+        rule("start", {"bash": "until [ -e go ]; do sleep 0.1; done", "background": True}, reply("WAITING")),
+        rule("background_command", reply("FINAL")),
+    )
+    async with a2a(server) as client:
+        original = await send(client, message(child, "resume-1"))
+    [(first_id, first)] = subscribe_raw(server, original.id, limit=1)  # then the client goes away
+    assert first["task"]["id"] == original.id and first_id and first_id.isdigit()
+    gate.touch()
+    await_follow_up(server, original)
+    missed = subscribe_raw(server, original.id, last_event_id=first_id)
+    assert all(event_id and int(event_id) > int(first_id) for event_id, _ in missed)
+    late = [body["task"] for _, body in missed if body.get("task", {}).get("id") != original.id]
+    assert len(late) == 1 and late[0]["metadata"]["tether.followUpOf"] == original.id
+    assert late[0]["artifacts"][0]["parts"][0]["text"] == "FINAL"
+    assert subscribe_raw(server, original.id, last_event_id=missed[-1][0]) == []  # nothing since
+
+
 async def test_survives_sigkill_and_the_late_answer_still_arrives_once(server: Server) -> None:
     async with a2a(server) as client:
         original = await send(client, message(probe_1(3), "probe-kill"))

@@ -15,7 +15,8 @@ methods are coroutines the SDK awaits directly.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from a2a.server.context import ServerCallContext
@@ -34,6 +35,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 from google.protobuf.timestamp_pb2 import Timestamp
+from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -283,15 +285,18 @@ class TetherHandler(RequestHandler):
     async def on_subscribe_to_task(
         self, params: pb.SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any]:
-        """Also for a terminal task: its context may still get the follow-up (beyond A2A)."""
-        async for event in self._follow(_caller(context), params.id):
+        """Also for a terminal task: its context may still get the follow-up (beyond A2A).
+        With ``Last-Event-ID`` only the tasks that changed after that event are sent."""
+        after = _last_event_id(context)
+        async for event in self._follow(_caller(context), params.id, after):
             yield event
 
-    async def _follow(self, who: Caller, task_id: str) -> AsyncGenerator[Any]:
+    async def _follow(self, who: Caller, task_id: str, after: int | None = None) -> AsyncGenerator[Any]:
         """The task, then every change of it and of the tasks that follow it in its context —
         a late answer's follow-up task included — until none is open and the child has no
         work left that could still answer. Each step re-reads the store, so a subscriber
-        that comes back gets every task it missed, whole."""
+        that comes back gets every task it missed, whole; each event carries the store's
+        event id it is current to (``tether.eventId``, the SSE id), to resume from."""
         sent: dict[str, pb.Task] = {}
         newer = self.env.store.last_event_seq
         while True:
@@ -299,8 +304,13 @@ class TetherHandler(RequestHandler):
             with _as_a2a_errors(), self.env.commands.view() as u:
                 tasks, live = self._from(u, who, task_id)
                 found = [a2a_task(u, task) for task in tasks]
+            if after is not None:
+                changed = self._changed_since(after, who)
+                sent = {task.id: task for task in found if changed is not None and task.id not in changed}
+                after = None
             for task in found:
                 for event in _changes(sent.get(task.id), task):
+                    event.metadata.update({"tether.eventId": str(seen)})
                     yield event
                 sent[task.id] = task
             if not live:
@@ -309,6 +319,19 @@ class TetherHandler(RequestHandler):
             await self.env.runtime.notifier.wait_until(
                 [child], lambda seen=seen: True if newer() > seen else None, None
             )
+
+    def _changed_since(self, after: int, who: Caller) -> set[str | None] | None:
+        """Ids of the tasks with an event after ``after`` — None (all of them) when events
+        the client missed may already be pruned (the feed's retention, G7)."""
+        token = who.token_id if who.kind == "link" else None
+        oldest = self.env.store.events_after(0, 1)
+        if oldest and after < oldest[0].seq - 1:
+            return None
+        changed: set[str | None] = set()
+        while batch := self.env.store.events_after(after, 500, token):
+            changed |= {event.task_id for event in batch}
+            after = batch[-1].seq
+        return changed
 
     def _from(self, u: View, who: Caller, task_id: str) -> tuple[list[Task], bool]:
         """The task and the later tasks of its context; whether any may still change."""
@@ -358,6 +381,16 @@ def _changes(before: pb.Task | None, now: pb.Task) -> list[Any]:
     if now.status.state != before.status.state or now.status.message != before.status.message:
         events.append(pb.TaskStatusUpdateEvent(task_id=now.id, context_id=now.context_id, status=now.status))
     return events
+
+
+def _last_event_id(context: ServerCallContext) -> int | None:
+    """The ``Last-Event-ID`` a reconnecting stream client sent, if any."""
+    raw = context.state.get("headers", {}).get("last-event-id")
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or len(raw) > 18:
+        raise InvalidParamsError(f"Last-Event-ID must be an event id this server sent, not {raw!r}")
+    return int(raw)
 
 
 def _trim_history(task: pb.Task, length: int) -> None:
@@ -426,9 +459,40 @@ def _guarded(
             return JSONResponse(
                 {"error": error.to_dict()}, status_code=error.status, headers={"WWW-Authenticate": "Bearer"}
             )
-        return await endpoint(request)
+        response = await endpoint(request)
+        if isinstance(response, EventSourceResponse):
+            response.body_iterator = _with_event_ids(response.body_iterator)
+        return response
 
     return guarded
+
+
+async def _with_event_ids(events: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """Give each SSE event the id its A2A event carries (``tether.eventId``), so a client
+    can resume with ``Last-Event-ID`` (A2A itself has no ids on its streams)."""
+    async for event in events:
+        data = event.get("data") if isinstance(event, dict) else getattr(event, "data", None)
+        event_id = _event_id(data)
+        if event_id is not None and isinstance(event, dict):
+            event = {**event, "id": event_id}
+        elif event_id is not None:
+            event.id = event_id
+        yield event
+
+
+def _event_id(data: Any) -> str | None:
+    try:
+        body = json.loads(data) if isinstance(data, str) else None
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    found = body.get("result", body)
+    for kind in ("task", "statusUpdate", "artifactUpdate"):
+        metadata = (found.get(kind) or {}).get("metadata") or {} if isinstance(found, dict) else {}
+        if "tether.eventId" in metadata:
+            return str(metadata["tether.eventId"])
+    return None
 
 
 def build_routes(env: Environment) -> list[BaseRoute]:
