@@ -7,8 +7,11 @@ that change nothing."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,7 +25,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
-from tether.launch import Server
+from tether.launch import Server, free_port
 
 from .helpers import await_state, reply, rule, script, tasks_of
 
@@ -60,6 +63,10 @@ async def a2a(
 async def send(client: Client, msg: pb.Message, return_immediately: bool = False) -> pb.Task:
     request = pb.SendMessageRequest(message=msg)
     request.configuration.return_immediately = return_immediately
+    return await send_request(client, request)
+
+
+async def send_request(client: Client, request: pb.SendMessageRequest) -> pb.Task:
     answers = [answer async for answer in client.send_message(request)]
     assert len(answers) == 1 and answers[0].HasField("task"), answers
     return answers[0].task
@@ -319,3 +326,115 @@ async def test_bad_requests_get_a2a_errors_and_change_nothing(module_server: Ser
         assert unknown_method.json()["error"]["code"] == -32601
         broken = api.post("/a2a", content=b"{not json", headers={"Content-Type": "application/json"})
         assert broken.json()["error"]["code"] == -32700
+
+
+# ---------------------------------------------------------------------------- push notifications
+
+
+class Receiver:
+    """A loopback webhook that answers 500 to its first ``failures`` calls, then 200."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.calls = failures, 0
+        self.received: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.changed = threading.Condition()
+
+    def handle(self, request: BaseHTTPRequestHandler) -> None:
+        body = json.loads(request.rfile.read(int(request.headers["Content-Length"])))
+        with self.changed:
+            self.calls += 1
+            failing = self.calls <= self.failures
+            if not failing:
+                self.received.append((dict(request.headers), body))
+            self.changed.notify_all()
+        request.send_response(500 if failing else 200)
+        request.send_header("Content-Length", "0")
+        request.end_headers()
+
+    def wait_for(self, check: Any, timeout: float = 60) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: check(self.received), timeout), self.received
+
+
+@contextmanager
+def receiver(failures: int) -> Iterator[tuple[Receiver, str]]:
+    found = Receiver(failures)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            found.handle(self)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    thread = threading.Thread(target=http.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield found, f"http://127.0.0.1:{http.server_address[1]}/hook"
+    finally:
+        http.shutdown()
+        thread.join()
+
+
+@pytest.fixture
+def webhook_server(tmp_path: Path) -> Iterator[Server]:
+    """A server whose config allows loopback webhooks (the receiver is on loopback)."""
+    data = tmp_path / "push"
+    data.mkdir()
+    (data / "config.toml").write_text("[a2a]\nallow_private_webhooks = true\n")
+    server = Server(data, "push").start(timeout=60)
+    yield server
+    server.stop()
+
+
+def pushed(received: list[tuple[dict[str, str], dict[str, Any]]]) -> dict[str, list[str]]:
+    """Per task id: the results its pushes carried, in order."""
+    found: dict[str, list[str]] = {}
+    for _, body in received:
+        task = body["task"]
+        texts = [part["text"] for artifact in task.get("artifacts", []) for part in artifact["parts"]]
+        found.setdefault(task["id"], []).extend(texts)
+    return found
+
+
+async def test_push_notifications_carry_the_late_answer_through_failures(webhook_server: Server) -> None:
+    with receiver(failures=2) as (hook, url):
+        async with a2a(webhook_server) as client:
+            request = pb.SendMessageRequest(message=message(probe_1(), "push-1"))
+            config = request.configuration.task_push_notification_config
+            config.url, config.token = url, "secret-1"
+            original = await send_request(client, request)
+            assert text_of(original) == ["WAITING"]
+            configs = await client.list_task_push_notification_configs(
+                pb.ListTaskPushNotificationConfigsRequest(task_id=original.id)
+            )
+            assert [c.url for c in configs.configs] == [url]
+            await_follow_up(webhook_server, original)
+            late = (await context_tasks(client, original.context_id))[1]
+        hook.wait_for(lambda got: "FINAL" in pushed(got).get(late.id, []))
+        hook.wait_for(lambda got: "WAITING" in pushed(got).get(original.id, []))
+        assert hook.calls > len(hook.received) >= 2  # the first two failed and were tried again
+        assert all(headers["X-A2A-Notification-Token"] == "secret-1" for headers, _ in hook.received)
+        final = [body["task"] for _, body in hook.received if body["task"]["id"] == late.id][-1]
+        assert final["status"]["message"]["referenceTaskIds"] == [original.id]
+
+
+async def test_webhooks_on_private_addresses_are_refused(module_server: Server) -> None:
+    async with a2a(module_server) as client:
+        task = await send(client, message(script(rule("start", reply("DONE"))), "ssrf-1"))
+        for url in ("http://127.0.0.1:9/hook", "http://10.0.0.1/hook", "file:///etc/passwd"):
+            with pytest.raises(InvalidParamsError):
+                await client.create_task_push_notification_config(
+                    pb.TaskPushNotificationConfig(task_id=task.id, url=url)
+                )
+        request = pb.SendMessageRequest(message=message("hi", "ssrf-2"))
+        request.configuration.task_push_notification_config.url = "http://169.254.169.254/latest"
+        with pytest.raises(InvalidParamsError):
+            await send_request(client, request)
+        listed = await client.list_task_push_notification_configs(
+            pb.ListTaskPushNotificationConfigsRequest(task_id=task.id)
+        )
+        assert list(listed.configs) == []
+        with module_server.client() as api:
+            assert not [t for t in api.get("/api/tasks").json()["tasks"] if t["title"] == "ssrf-2"]

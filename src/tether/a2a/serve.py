@@ -18,7 +18,9 @@ import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.request_handler import RequestHandler
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
@@ -29,11 +31,12 @@ from a2a.utils.errors import (
     ExtendedAgentCardNotConfiguredError,
     InvalidParamsError,
     InvalidRequestError,
-    PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
     UnsupportedOperationError,
 )
+from a2a.utils.push_url_validator import validate_push_notification_url
+from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.timestamp_pb2 import Timestamp
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
@@ -49,12 +52,15 @@ from tether.engine.unit import View
 from tether.environment import Environment
 from tether.errors import Conflict, Forbidden, Invalid, NotFound, TetherError
 from tether.ids import new_id
+from tether.store.base import OutboxRow
 from tether.types import Caller
 
 JSONRPC_PATH = "/a2a"
 REST_PREFIX = "/a2a/v1"
 #: How long a blocking SendMessage waits for its task to end (like ``mode: "wait"``, G8).
 WAIT_SECONDS = 60.0
+#: How long one webhook delivery may take before it counts as failed (and is retried).
+PUSH_TIMEOUT = 10.0
 #: ListTasks page size: the default, and the most one page may hold.
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 100
 
@@ -164,7 +170,10 @@ class TetherHandler(RequestHandler):
 
     def __init__(self, env: Environment) -> None:
         self.env = env
-        self.wait_seconds = float(section(env.config, "a2a").get("wait_seconds", WAIT_SECONDS))
+        config = section(env.config, "a2a")
+        self.wait_seconds = float(config.get("wait_seconds", WAIT_SECONDS))
+        #: Webhooks on loopback and private ranges (SSRF): refused unless allowed here.
+        self.allow_private_webhooks = bool(config.get("allow_private_webhooks", False))
 
     def _read(self, who: Caller, task_id: str) -> pb.Task:
         with _as_a2a_errors(), self.env.commands.view() as u:
@@ -179,16 +188,26 @@ class TetherHandler(RequestHandler):
 
     async def on_message_send(self, params: pb.SendMessageRequest, context: ServerCallContext) -> pb.Task:
         who = _caller(context)
-        task_id = self._send(who, params)
+        task_id = await self._send_with_push(who, params)
         if not params.configuration.return_immediately:
             await self._until_ended(task_id)
         return self._read(who, task_id)
 
+    async def _send_with_push(self, who: Caller, params: pb.SendMessageRequest) -> str:
+        """``_send``, then the webhook the request names (checked first: a refused one
+        changes nothing)."""
+        webhook = params.configuration.task_push_notification_config
+        wanted = params.configuration.HasField("task_push_notification_config")
+        if wanted and not await self._webhook_allowed(webhook.url):
+            raise InvalidParamsError(f"push notification url {webhook.url!r} is not a public http(s) address")
+        task_id = self._send(who, params)
+        if wanted:
+            await self._add_push(who, task_id, webhook)
+        return task_id
+
     def _send(self, who: Caller, params: pb.SendMessageRequest) -> str:
         """A new context starts a task; a message to a live task (or to a context) goes to
         its thread as from the parent. Answers the id of the task the message is for."""
-        if params.configuration.HasField("task_push_notification_config"):
-            raise PushNotificationNotSupportedError("push notifications are not served yet")
         message = params.message
         text, provider = _text(message), _provider(params)
         context_id = message.context_id
@@ -279,7 +298,7 @@ class TetherHandler(RequestHandler):
         self, params: pb.SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any]:
         who = _caller(context)
-        async for event in self._follow(who, self._send(who, params)):
+        async for event in self._follow(who, await self._send_with_push(who, params)):
             yield event
 
     async def on_subscribe_to_task(
@@ -344,22 +363,79 @@ class TetherHandler(RequestHandler):
     async def on_create_task_push_notification_config(
         self, params: pb.TaskPushNotificationConfig, context: ServerCallContext
     ) -> pb.TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError("push notifications are not served yet")
+        return await self._add_push(_caller(context), params.task_id, params)
+
+    async def _add_push(
+        self, who: Caller, task_id: str, config: pb.TaskPushNotificationConfig
+    ) -> pb.TaskPushNotificationConfig:
+        """Keep a webhook for the task's context, once its URL passed the SSRF check."""
+        if not config.url:
+            raise InvalidParamsError("a push notification config needs a url")
+        if not await self._webhook_allowed(config.url):
+            raise InvalidParamsError(
+                f"push notification url {config.url!r} is not a public http(s) address; "
+                "loopback and private ranges need [a2a] allow_private_webhooks = true"
+            )
+        found = pb.TaskPushNotificationConfig()
+        found.CopyFrom(config)
+        found.task_id, found.id = task_id, config.id or new_id("push")
+        with _as_a2a_errors():
+            self.env.commands.a2a_push_configs(who, task_id, put=MessageToDict(found))
+        return found
+
+    async def _webhook_allowed(self, url: str) -> bool:
+        if self.allow_private_webhooks:
+            return urlsplit(url).scheme in ("http", "https") and bool(urlsplit(url).hostname)
+        return await validate_push_notification_url(url)
+
+    def _push_configs(self, who: Caller, task_id: str) -> list[pb.TaskPushNotificationConfig]:
+        with _as_a2a_errors(), self.env.commands.view() as u:
+            task = self._find(u, who, task_id)
+            root = u.need(Task, task.follow_up_of or task.id, "task")
+        return [_config(config, task_id) for config in root.push]
 
     async def on_get_task_push_notification_config(
         self, params: pb.GetTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> pb.TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError("push notifications are not served yet")
+        for config in self._push_configs(_caller(context), params.task_id):
+            if config.id == params.id:
+                return config
+        raise TaskNotFoundError(f"no push notification config {params.id!r} for task {params.task_id}")
 
     async def on_list_task_push_notification_configs(
         self, params: pb.ListTaskPushNotificationConfigsRequest, context: ServerCallContext
     ) -> pb.ListTaskPushNotificationConfigsResponse:
-        raise PushNotificationNotSupportedError("push notifications are not served yet")
+        configs = self._push_configs(_caller(context), params.task_id)
+        return pb.ListTaskPushNotificationConfigsResponse(configs=configs)
 
     async def on_delete_task_push_notification_config(
         self, params: pb.DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> None:
-        raise PushNotificationNotSupportedError("push notifications are not served yet")
+        with _as_a2a_errors():
+            self.env.commands.a2a_push_configs(_caller(context), params.task_id, delete=params.id)
+
+    async def push(self, row: OutboxRow) -> None:
+        """The ``a2a.push`` side effect: POST the task as it stands now to one webhook, as
+        the SDK's sender would (a StreamResponse, ``X-A2A-Notification-Token``). A failure
+        raises: the outbox tries again with backoff and parks it visibly, never drops it."""
+        with self.env.commands.view() as u:
+            task = u.load(Task, row.payload["taskId"])
+            root = task and u.load(Task, task.follow_up_of or task.id)
+            stored = next(
+                (c for c in (root.push if root else []) if c["id"] == row.payload["configId"]), None
+            )
+            if task is None or stored is None:
+                return  # the config was deleted meanwhile: nothing to deliver
+            body = MessageToDict(pb.StreamResponse(task=a2a_task(u, task)))
+        config = _config(stored, task.id)
+        if not await self._webhook_allowed(config.url):
+            raise PermissionError(f"push url {config.url} no longer resolves to a public address")
+        headers = {"X-A2A-Notification-Token": config.token} if config.token else {}
+        if config.authentication.scheme and config.authentication.credentials:
+            headers["Authorization"] = f"{config.authentication.scheme} {config.authentication.credentials}"
+        async with httpx.AsyncClient(timeout=PUSH_TIMEOUT) as http:
+            answer = await http.post(config.url, json=body, headers=headers)
+        answer.raise_for_status()
 
     async def on_get_extended_agent_card(
         self, params: pb.GetExtendedAgentCardRequest, context: ServerCallContext
@@ -381,6 +457,12 @@ def _changes(before: pb.Task | None, now: pb.Task) -> list[Any]:
     if now.status.state != before.status.state or now.status.message != before.status.message:
         events.append(pb.TaskStatusUpdateEvent(task_id=now.id, context_id=now.context_id, status=now.status))
     return events
+
+
+def _config(stored: dict[str, Any], task_id: str) -> pb.TaskPushNotificationConfig:
+    found = ParseDict(stored, pb.TaskPushNotificationConfig(), ignore_unknown_fields=True)
+    found.task_id = task_id
+    return found
 
 
 def _last_event_id(context: ServerCallContext) -> int | None:
@@ -417,7 +499,7 @@ def agent_card(env: Environment, base_url: str) -> pb.AgentCard:
     )
     card.provider.organization, card.provider.url = "tether", base_url
     card.capabilities.streaming = True
-    card.capabilities.push_notifications = False
+    card.capabilities.push_notifications = True
     for binding, path in (
         (TransportProtocol.JSONRPC, JSONRPC_PATH),
         (TransportProtocol.HTTP_JSON, REST_PREFIX),
@@ -497,6 +579,7 @@ def _event_id(data: Any) -> str | None:
 
 def build_routes(env: Environment) -> list[BaseRoute]:
     handler = TetherHandler(env)
+    env.runtime.add_handler("a2a.push", handler.push)
     builder = _ContextBuilder()
     sdk_routes = [
         *create_jsonrpc_routes(handler, JSONRPC_PATH, context_builder=builder, enable_v0_3_compat=True),

@@ -204,6 +204,9 @@ class Task(Record):
     #: The child still has a run or background work that will wake it (latest task only):
     #: even once this task ended, a follow-up may come, so the parent still waits.
     child_active: bool = False
+    #: A2A push notification configs (SPEC §14), on the root task of an A2A context: every
+    #: task of the context (its follow-ups too) is pushed to each.
+    push: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def is_open(self) -> bool:

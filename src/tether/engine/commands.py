@@ -500,6 +500,8 @@ class Commands:
             task.child_thread_id if self._local_side(task, task.child_thread_id) else task.parent_thread_id
         )
         u.emit(event, task_view(task), thread_id=thread_id, task_id=task.id)
+        if task.parent_environment_id == A2A_PARENT and event != "task.delivery":
+            self._a2a_push(u, task)
 
     def _task_item(self, u: Unit, task: Task, hold: bool) -> Item:
         item = Item(
@@ -1158,6 +1160,35 @@ class Commands:
             return task_view(u.need(Task, child.open_task_id or "", "task"))
 
         return self._once(caller, "a2a_message", message_id, body)
+
+    def a2a_push_configs(
+        self, caller: Caller, task_id: str, put: dict[str, Any] | None = None, delete: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The A2A push notification configs of a task's context (kept on its root task):
+        add or replace ``put``, remove the one with id ``delete``, answer them all. A new
+        config is pushed the task's current state at once, through the outbox."""
+        with self.unit() as u:
+            task = self.task_for(u, caller, task_id)
+            if task.parent_environment_id != A2A_PARENT:
+                raise NotFound(f"no A2A task with id {task_id!r}")
+            root = u.need(Task, task.follow_up_of or task.id, "task")
+            if delete is not None:
+                if not any(config["id"] == delete for config in root.push):
+                    raise NotFound(f"no push notification config {delete!r} for task {task_id}")
+                root.push = [config for config in root.push if config["id"] != delete]
+            if put is not None:
+                root.push = [config for config in root.push if config["id"] != put["id"]] + [put]
+            u.save(root)
+            if put is not None:
+                u.outbox("a2a.push", {"taskId": task.id, "configId": put["id"]}, task.child_thread_id)
+            return list(root.push)
+
+    def _a2a_push(self, u: Unit, task: Task) -> None:
+        """Every change of an A2A task goes to its context's push configs (never dropped:
+        outbox rows are retried with backoff and parked visibly, not deleted)."""
+        root = task if task.follow_up_of is None else u.load(Task, task.follow_up_of)
+        for config in root.push if root else []:
+            u.outbox("a2a.push", {"taskId": task.id, "configId": config["id"]}, task.child_thread_id)
 
     # ------------------------------------------------------------------ restart (G6)
 
