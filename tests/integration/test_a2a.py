@@ -141,6 +141,11 @@ async def test_probe_1_over_a2a_late_answer_is_a_follow_up_task(module_server: S
         late = await client.get_task(pb.GetTaskRequest(id=tasks[1].id))
         assert text_of(late) == ["FINAL"]
         assert (await client.get_task(pb.GetTaskRequest(id=original.id))).status.state == COMPLETED
+    with module_server.client() as api:  # the same tasks in tether's own API and web page
+        found = {t["taskId"]: t for t in tasks_of(api, original.context_id)}
+        assert found[late.id]["followUpOf"] == original.id and found[late.id]["parentEnvironmentId"] == "a2a"
+        child = found[original.id]["childThreadId"]
+        assert api.get(f"/threads/{child}").status_code == 200
 
 
 async def test_a_message_to_the_context_goes_to_the_thread_and_answers_as_a_follow_up(
