@@ -430,7 +430,10 @@ class TetherHandler(RequestHandler):
         config = _config(stored, task.id)
         if not await self._webhook_allowed(config.url):
             raise PermissionError(f"push url {config.url} no longer resolves to a public address")
-        headers = {"X-A2A-Notification-Token": config.token} if config.token else {}
+        # The same id on every attempt of one delivery: a receiver can drop a repeat.
+        headers = {"X-Tether-Delivery": f"{self.env.environment_id}:{row.id}"}
+        if config.token:
+            headers["X-A2A-Notification-Token"] = config.token
         if config.authentication.scheme and config.authentication.credentials:
             headers["Authorization"] = f"{config.authentication.scheme} {config.authentication.credentials}"
         async with httpx.AsyncClient(timeout=PUSH_TIMEOUT) as http:
