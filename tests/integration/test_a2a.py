@@ -27,7 +27,7 @@ from a2a.utils.errors import (
 
 from tether.launch import Server, free_port
 
-from .helpers import await_state, reply, rule, script, tasks_of
+from .helpers import await_state, new_thread, reply, rule, script, tasks_of
 
 COMPLETED, CANCELED = pb.TaskState.TASK_STATE_COMPLETED, pb.TaskState.TASK_STATE_CANCELED
 OPEN = (pb.TaskState.TASK_STATE_SUBMITTED, pb.TaskState.TASK_STATE_WORKING)
@@ -125,6 +125,13 @@ def test_card_is_public_and_every_call_needs_a_token(module_server: Server) -> N
         answer = httpx.post(f"{module_server.url}/a2a", json=rpc, headers=headers)
         assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer", answer.text
         assert httpx.get(f"{module_server.url}/a2a/v1/tasks", headers=headers).status_code == 401
+    with module_server.client() as api:
+        thread_id = new_thread(api, script(rule("start", reply("hi"))))
+        credential = api.post(f"/api/threads/{thread_id}/credentials").json()["token"]
+    answer = httpx.post(
+        f"{module_server.url}/a2a", json=rpc, headers={"Authorization": f"Bearer {credential}"}
+    )
+    assert answer.status_code == 403, answer.text
 
 
 # ---------------------------------------------------------------------------- the late answer

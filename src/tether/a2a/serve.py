@@ -535,11 +535,15 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
 def _guarded(
     env: Environment, endpoint: Callable[[Request], Awaitable[Response]]
 ) -> Callable[[Request], Awaitable[Response]]:
-    """Every A2A call needs a token (G10): no token, or a bad one, gets HTTP 401."""
+    """Every A2A call needs the admin token or a link token (G10): no token, or a bad one,
+    gets HTTP 401; a thread credential 403 (a task it started would be nobody's)."""
 
     async def guarded(request: Request) -> Response:
         try:
-            request.scope["tether.caller"] = env.authenticate(bearer(request))
+            who = env.authenticate(bearer(request))
+            if who.kind not in ("admin", "link"):
+                raise Forbidden("A2A takes the admin token or a link token, not a thread credential")
+            request.scope["tether.caller"] = who
         except TetherError as error:
             return JSONResponse(
                 {"error": error.to_dict()}, status_code=error.status, headers={"WWW-Authenticate": "Bearer"}
