@@ -114,10 +114,11 @@ def test_card_is_public_and_every_call_needs_a_token(module_server: Server) -> N
     assert card.status_code == 200, card.text
     body = card.json()
     assert body["name"] == "module"
-    assert {i["protocolBinding"]: i["url"] for i in body["supportedInterfaces"]} == {
-        "JSONRPC": f"{module_server.url}/a2a",
-        "HTTP+JSON": f"{module_server.url}/a2a/v1",
-    }
+    interfaces = {(i["protocolBinding"], i["protocolVersion"]): i["url"] for i in body["supportedInterfaces"]}
+    for version in ("1.0", "0.3"):
+        assert interfaces[("JSONRPC", version)] == f"{module_server.url}/a2a"
+        assert interfaces[("HTTP+JSON", version)] == f"{module_server.url}/a2a/v1"
+    assert body["url"] == f"{module_server.url}/a2a"  # where a 0.3 client looks
     assert "script" in {skill["id"] for skill in body["skills"]}
     assert body["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "Bearer"
     rpc = {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {}}
@@ -270,7 +271,7 @@ async def test_return_immediately_then_cancel(module_server: Server) -> None:
             assert api.get(f"/api/tasks/{task.id}").json()["status"] == "cancelled"
 
 
-def test_a2a_0_3_blocking_false_answers_at_once(module_server: Server) -> None:
+def test_a2a_0_3_clients_blocking_false_answers_at_once(module_server: Server) -> None:
     slow = script(rule("start", {"sleep_ms": 30_000}, reply("LATE")))
     params = {
         "message": {
@@ -288,6 +289,15 @@ def test_a2a_0_3_blocking_false_answers_at_once(module_server: Server) -> None:
         result = answer.json()["result"]
         assert result["kind"] == "task" and result["status"]["state"] in ("submitted", "working"), result
         assert api.post(f"/api/tasks/{result['id']}/cancel").json()["status"] == "cancelled"
+        proto = {  # 0.3 HTTP+JSON speaks the 0.3 protobuf's JSON, at {url}/v1/…
+            "message": {"messageId": "v03-2", "role": "ROLE_USER", "content": [{"text": json.dumps(slow)}]},
+            "configuration": {"blocking": False},
+        }
+        rest = api.post("/a2a/v1/v1/message:send", json=proto)
+        assert rest.status_code == 200, rest.text
+        task = rest.json()["task"]
+        assert task["status"]["state"] in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"), task
+        assert api.post(f"/api/tasks/{task['id']}/cancel").json()["status"] == "cancelled"
 
 
 # ---------------------------------------------------------------------------- the fence, bad input

@@ -26,7 +26,12 @@ from a2a.server.request_handlers.request_handler import RequestHandler
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import DefaultServerCallContextBuilder, create_jsonrpc_routes, create_rest_routes
 from a2a.types import a2a_pb2 as pb
-from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_1_0, TransportProtocol
+from a2a.utils.constants import (
+    AGENT_CARD_WELL_KNOWN_PATH,
+    PROTOCOL_VERSION_0_3,
+    PROTOCOL_VERSION_1_0,
+    TransportProtocol,
+)
 from a2a.utils.errors import (
     ExtendedAgentCardNotConfiguredError,
     InvalidParamsError,
@@ -503,13 +508,12 @@ def agent_card(env: Environment, base_url: str) -> pb.AgentCard:
     card.provider.organization, card.provider.url = "tether", base_url
     card.capabilities.streaming = True
     card.capabilities.push_notifications = True
-    for binding, path in (
-        (TransportProtocol.JSONRPC, JSONRPC_PATH),
-        (TransportProtocol.HTTP_JSON, REST_PREFIX),
-    ):
-        card.supported_interfaces.add(
-            url=f"{base_url}{path}", protocol_binding=binding.value, protocol_version=PROTOCOL_VERSION_1_0
-        )
+    bindings = ((TransportProtocol.JSONRPC, JSONRPC_PATH), (TransportProtocol.HTTP_JSON, REST_PREFIX))
+    for version in (PROTOCOL_VERSION_1_0, PROTOCOL_VERSION_0_3):  # 0.3 clients read the card too
+        for binding, path in bindings:
+            card.supported_interfaces.add(
+                url=f"{base_url}{path}", protocol_binding=binding.value, protocol_version=version
+            )
     for name in env.runtime.providers:
         card.skills.add(
             id=name,
