@@ -319,6 +319,13 @@ async def test_a_link_token_sees_only_its_own_tasks(module_server: Server) -> No
             await peer.cancel_task(pb.CancelTaskRequest(id=theirs.id))
         with pytest.raises(TaskNotFoundError):
             await send(peer, message("hello", "fence-into", context_id=theirs.context_id))
+        async with a2a(module_server, token, streaming=True) as streaming:
+            with pytest.raises(TaskNotFoundError):
+                _ = [event async for event in streaming.subscribe(pb.SubscribeToTaskRequest(id=theirs.id))]
+        with pytest.raises(TaskNotFoundError):
+            await peer.list_task_push_notification_configs(
+                pb.ListTaskPushNotificationConfigsRequest(task_id=theirs.id)
+            )
         assert len(await context_tasks(admin, theirs.context_id)) == 1
 
 
