@@ -365,7 +365,11 @@ class Receiver:
     the next: only a sender that tries again gets anything through."""
 
     def __init__(self) -> None:
+        #: While down, every call gets 500 (a receiver that is away).
+        self.down = False
         self.refused: set[str] = set()
+        #: The deliveries refused while down.
+        self.missed: set[str] = set()
         self.received: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.changed = threading.Condition()
 
@@ -373,9 +377,11 @@ class Receiver:
         body = json.loads(request.rfile.read(int(request.headers["Content-Length"])))
         key = request.headers["X-Tether-Delivery"]
         with self.changed:
-            failing = key not in self.refused
+            failing = self.down or key not in self.refused
             if failing:
                 self.refused.add(key)
+            if self.down:
+                self.missed.add(key)
             else:
                 self.received.append((dict(request.headers), body))
             self.changed.notify_all()
@@ -469,3 +475,24 @@ async def test_webhooks_on_private_addresses_are_refused(module_server: Server) 
         assert list(listed.configs) == []
         with module_server.client() as api:
             assert not [t for t in api.get("/api/tasks").json()["tasks"] if t["title"] == "ssrf-2"]
+
+
+async def test_pushes_refused_before_a_sigkill_arrive_after_the_restart(webhook_server: Server) -> None:
+    with receiver() as (hook, url):
+        hook.down = True
+        async with a2a(webhook_server) as client:
+            request = pb.SendMessageRequest(message=message(probe_1(3), "push-kill"))
+            request.configuration.task_push_notification_config.url = url
+            original = await send_request(client, request)
+        webhook_server.kill()  # with deliveries pending: refused so far, kept in the outbox
+        with hook.changed:
+            hook.down = False
+            missed = set(hook.missed)
+        assert missed
+        webhook_server.start(timeout=60)
+        await_follow_up(webhook_server, original)
+        async with a2a(webhook_server) as client:
+            late = (await context_tasks(client, original.context_id))[1]
+        hook.wait_for(lambda got: "FINAL" in pushed(got).get(late.id, []))
+        hook.wait_for(lambda got: "WAITING" in pushed(got).get(original.id, []))
+        hook.wait_for(lambda got: missed <= {headers["X-Tether-Delivery"] for headers, _ in got})
