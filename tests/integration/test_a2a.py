@@ -271,6 +271,14 @@ async def test_return_immediately_then_cancel(module_server: Server) -> None:
             assert api.get(f"/api/tasks/{task.id}").json()["status"] == "cancelled"
 
 
+async def test_a_failed_child_is_a_failed_task_with_its_error(module_server: Server) -> None:
+    async with a2a(module_server) as client:
+        task = await send(client, message(script(rule("start", {"fail": "the build broke"})), "fail-1"))
+    assert task.status.state == pb.TaskState.TASK_STATE_FAILED
+    assert [part.text for part in task.status.message.parts] == ["the build broke"]
+    assert list(task.artifacts) == []
+
+
 def test_a2a_0_3_clients_blocking_false_answers_at_once(module_server: Server) -> None:
     slow = script(rule("start", {"sleep_ms": 30_000}, reply("LATE")))
     params = {
