@@ -66,6 +66,8 @@ REST_PREFIX = "/a2a/v1"
 WAIT_SECONDS = 60.0
 #: How long one webhook delivery may take before it counts as failed (and is retried).
 PUSH_TIMEOUT = 10.0
+#: A quiet stream looks again this often (whether its token was revoked, say).
+RECHECK_SECONDS = 15.0
 #: ListTasks page size: the default, and the most one page may hold.
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 100
 
@@ -337,11 +339,11 @@ class TetherHandler(RequestHandler):
                     event.metadata.update({"tether.eventId": str(seen)})
                     yield event
                 sent[task.id] = task
-            if not live:
-                return
+            if not live or (who.kind == "link" and not self.env.token_active(who.token_id or "")):
+                return  # done; or the token was revoked: the stream ends, a reconnect gets 401
             child = f"thread:{tasks[0].child_thread_id}"
             await self.env.runtime.notifier.wait_until(
-                [child], lambda seen=seen: True if newer() > seen else None, None
+                [child], lambda seen=seen: True if newer() > seen else None, RECHECK_SECONDS
             )
 
     def _changed_since(self, after: int, who: Caller) -> set[str | None] | None:
