@@ -337,6 +337,26 @@ async def test_a_link_token_sees_only_its_own_tasks(module_server: Server) -> No
         assert len(await context_tasks(admin, theirs.context_id)) == 1
 
 
+async def test_a_stream_ends_when_its_link_token_is_revoked(module_server: Server) -> None:
+    with module_server.client() as api:
+        minted = api.post("/api/link-tokens", json={"label": "a2a-revoked"}).json()
+    slow = script(rule("start", {"sleep_ms": 60_000}, reply("LATE")))
+    async with a2a(module_server, minted["token"], streaming=True) as peer:
+        stream = peer.send_message(pb.SendMessageRequest(message=message(slow, "revoked-1")))
+        first = await anext(stream)
+        assert first.task.status.state in OPEN
+        with module_server.client() as api:
+            assert api.delete(f"/api/link-tokens/{minted['tokenId']}").status_code == 200
+        rest = [event async for event in stream]  # ends by itself, well before the task would
+        assert all(not e.HasField("status_update") or e.status_update.status.state in OPEN for e in rest)
+    answer = httpx.get(
+        f"{module_server.url}/a2a/v1/tasks", headers={"Authorization": f"Bearer {minted['token']}"}
+    )
+    assert answer.status_code == 401
+    with module_server.client() as api:
+        api.post(f"/api/tasks/{first.task.id}/cancel")
+
+
 async def test_bad_requests_get_a2a_errors_and_change_nothing(module_server: Server) -> None:
     async with a2a(module_server) as client:
         before = (await client.list_tasks(pb.ListTasksRequest())).total_size
