@@ -22,8 +22,11 @@ from .kit import mint, new_thread, note, poll, wait_idle
 
 SECRET_ADMIN, SECRET_OTHER = "SECRET-OF-THE-ADMIN", "SECRET-OF-ANOTHER-TOKEN"
 EXTRA_ROUTES = [("GET", "/mcp"), ("POST", "/mcp"), ("DELETE", "/mcp"), ("GET", "/openapi.json"),
-                ("GET", "/docs")]
-OPEN = {("GET", "/api/health")}
+                ("GET", "/docs"), ("GET", "/.well-known/agent-card.json"), ("POST", "/a2a"),
+                ("POST", "/a2a/v1/message:send"), ("GET", "/a2a/v1/tasks")]
+OPEN = {("GET", "/api/health"), ("GET", "/.well-known/agent-card.json")}
+A2A_MESSAGE = {"message": {"messageId": "intruder-1", "role": "ROLE_USER",
+                           "parts": [{"text": json.dumps({"tether_script": 1, "rules": []})}]}}
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
               "params": {"protocolVersion": "2025-06-18", "capabilities": {},
@@ -132,6 +135,8 @@ def body_for(method: str, path: str, server: Any) -> dict[str, Any] | None:
         "/api/link-tokens": {"label": "intruder"},
         "/api/links": {"url": server.url, "token": "ttl_not_a_real_token"},
         "/mcp": INITIALIZE,
+        "/a2a": {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": A2A_MESSAGE},
+        "/a2a/v1/message:send": A2A_MESSAGE,
     }
     return bodies.get(path, {})
 
@@ -139,7 +144,7 @@ def body_for(method: str, path: str, server: Any) -> dict[str, Any] | None:
 def call(client: httpx.Client, method: str, path: str, body: Any = None, **params: Any) -> httpx.Response:
     """One request; a stream (``/api/events``, an MCP GET) is read only up to its first
     keepalive, so nothing here blocks."""
-    headers = MCP_HEADERS if path == "/mcp" else {}
+    headers = MCP_HEADERS if path == "/mcp" else {"A2A-Version": "1.0"} if path.startswith("/a2a") else {}
     if path.startswith("/api/events") or (path == "/mcp" and method == "GET"):
         params = {"after": "0", "keepalive": "0.2", **params} if path.startswith("/api/events") else params
         with client.stream(method, path, params=params, headers=headers) as response:

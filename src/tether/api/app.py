@@ -11,7 +11,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
-from tether import __version__
+from tether import __version__, a2a
 from tether.api import errors, events, links, tasks, threads
 from tether.api.auth import caller
 from tether.api.limits import BodyLimit
@@ -77,5 +77,6 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
     app.include_router(web.router, responses=errors.RESPONSES)
     # Exactly /mcp, no redirect to /mcp/ (a Mount would add one).
     app.router.routes.append(Route("/mcp", endpoint=mcp_app, methods=["GET", "POST", "DELETE"]))
+    app.router.routes.extend(a2a.routes(env))  # SPEC §14; none without the a2a extra
     app.add_middleware(BodyLimit)
     return app

@@ -215,6 +215,9 @@ class Task(Record):
     overdue: bool = False
     #: Why it was cancelled ("deadline", a person's reason ...), also told to a remote child.
     cancel_reason: str | None = None
+    #: A2A push notification configs (SPEC §14), on the root task of an A2A context: every
+    #: task of the context (its follow-ups too) is pushed to each.
+    push: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def is_open(self) -> bool:

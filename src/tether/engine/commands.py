@@ -40,6 +40,10 @@ from tether.ids import format_time, new_id, now, parse_time
 from tether.store.base import OutboxRow, Store
 from tether.types import Caller
 
+#: The parent environment of tasks an A2A client started (SPEC §14): the client's context
+#: id stands in as the parent thread, and the client reads results over A2A.
+A2A_PARENT = "a2a"
+
 _TERMINAL_ITEM = {
     TaskStatus.COMPLETED: ItemStatus.ENDED,
     TaskStatus.FAILED: ItemStatus.FAILED,
@@ -500,6 +504,8 @@ class Commands:
             task.child_thread_id if self._local_side(task, task.child_thread_id) else task.parent_thread_id
         )
         u.emit(event, task_view(task), thread_id=thread_id, task_id=task.id)
+        if task.parent_environment_id == A2A_PARENT and event != "task.delivery":
+            self._a2a_push(u, task)
 
     def _task_item(self, u: Unit, task: Task, hold: bool) -> Item:
         item = Item(
@@ -1182,6 +1188,72 @@ class Commands:
             return task_view(record)
 
         return self._once(caller, "accept_task", task_id, body)
+
+    def a2a_message(
+        self, caller: Caller, context_id: str, text: str, message_id: str, provider: str | None = None
+    ) -> dict[str, Any]:
+        """An A2A message (SPEC §14), one transaction, at most once per message id (G9).
+
+        The A2A caller's context is the parent "thread" (in the pseudo-environment
+        ``A2A_PARENT``). A new context gets a child thread and a task; an existing one gets
+        the message in its child thread as from the parent (``thread_send``), so the
+        follow-up rule of §1 applies. Answers the task the message is for: the open one,
+        or the follow-up it opened."""
+        origin = {"environmentId": A2A_PARENT, "threadId": context_id}
+
+        def body(u: Unit) -> dict[str, Any]:
+            roots = u.query(
+                Task, parent_thread_id=context_id, parent_environment_id=A2A_PARENT, follow_up_of=None
+            )
+            if not roots:
+                record = Task(
+                    id=new_id("tsk"),
+                    parent_environment_id=A2A_PARENT,
+                    parent_thread_id=context_id,
+                    child_environment_id=self.environment_id,
+                    child_thread_id="",
+                    created_at=u.at,
+                )
+                chosen = provider or _default_provider(text, "script")
+                self._child(u, record, text, chosen, caller.token_id, origin)
+                return task_view(record)
+            child = self.thread_for(u, caller, self.task_for(u, caller, roots[0].id).child_thread_id)
+            if child.cancelled:
+                raise Conflict(f"the task of context {context_id!r} was cancelled: it takes no messages")
+            self._follow_up_on_send(u, child)
+            self._post(u, child, text, {"kind": Trigger.MESSAGE, "origin": origin}, Trigger.MESSAGE)
+            return task_view(u.need(Task, child.open_task_id or "", "task"))
+
+        return self._once(caller, "a2a_message", message_id, body)
+
+    def a2a_push_configs(
+        self, caller: Caller, task_id: str, put: dict[str, Any] | None = None, delete: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The A2A push notification configs of a task's context (kept on its root task):
+        add or replace ``put``, remove the one with id ``delete``, answer them all. A new
+        config is pushed the task's current state at once, through the outbox."""
+        with self.unit() as u:
+            task = self.task_for(u, caller, task_id)
+            if task.parent_environment_id != A2A_PARENT:
+                raise NotFound(f"no A2A task with id {task_id!r}")
+            root = u.need(Task, task.follow_up_of or task.id, "task")
+            if delete is not None:
+                if not any(config["id"] == delete for config in root.push):
+                    raise NotFound(f"no push notification config {delete!r} for task {task_id}")
+                root.push = [config for config in root.push if config["id"] != delete]
+            if put is not None:
+                root.push = [config for config in root.push if config["id"] != put["id"]] + [put]
+            u.save(root)
+            if put is not None:
+                u.outbox("a2a.push", {"taskId": task.id, "configId": put["id"]}, task.child_thread_id)
+            return list(root.push)
+
+    def _a2a_push(self, u: Unit, task: Task) -> None:
+        """Every change of an A2A task goes to its context's push configs (never dropped:
+        outbox rows are retried with backoff and parked visibly, not deleted)."""
+        root = task if task.follow_up_of is None else u.load(Task, task.follow_up_of)
+        for config in root.push if root else []:
+            u.outbox("a2a.push", {"taskId": task.id, "configId": config["id"]}, task.child_thread_id)
 
     # ------------------------------------------------------------------ restart (G6)
 
