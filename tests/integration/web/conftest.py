@@ -46,8 +46,10 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]
         stop_all(list(servers.values()))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Per module, not per session: Playwright's sync API keeps an event loop running in
+    this thread while it is open, and every asyncio test after it would then fail."""
     chromium_or_skip()
     from playwright.sync_api import sync_playwright
 
