@@ -23,7 +23,7 @@ class CreateThread(_Body):
 
 class PostMessage(_Body):
     text: str = Field(min_length=1)
-    mode: Literal["auto", "queue"] = "auto"
+    mode: Literal["auto", "queue", "now"] = "auto"
     clientRequestId: str | None = _Id
     origin: dict[str, Any] | None = None
 

@@ -15,6 +15,17 @@ FOLDING = frozenset(
     {Trigger.DELEGATED_TASK, Trigger.MONITOR_EVENT, Trigger.MONITOR_FINISHED, Trigger.RESTART}
 )
 
+#: How a posted message joins the thread's runs: ``auto`` starts a run now or queues it
+#: behind the active one, ``queue`` always queues, ``now`` stops the running run and goes
+#: ahead of every queued one.
+MESSAGE_MODES = ("auto", "queue", "now")
+
+
+def next_to_start(queued: list[Run]) -> Run:
+    """The queued run a thread starts next: the oldest, except that a run queued ``first``
+    (a ``now`` message) goes ahead of the others."""
+    return min(queued, key=lambda run: (not run.trigger.get("first"), run.seq))
+
 
 def start(run: Run, at: str) -> None:
     if run.status != RunStatus.QUEUED:

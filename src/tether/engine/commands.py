@@ -207,9 +207,13 @@ class Commands:
         client_request_id: str | None = None,
     ) -> dict[str, Any]:
         """A message to a thread. From another thread (or through a link with an origin)
-        it is a ``message`` trigger; from a person or API client a ``user`` trigger."""
-        if mode not in ("auto", "queue"):
-            raise Invalid(f"mode must be 'auto' or 'queue', not {mode!r}")
+        it is a ``message`` trigger; from a person or API client a ``user`` trigger.
+
+        ``now`` steers: in the same transaction the running run is stopped (the thread's
+        task stays open — the new run's answer is the one that counts) and the message's
+        own run goes ahead of every queued run, so no earlier queued message runs first."""
+        if mode not in runs.MESSAGE_MODES:
+            raise Invalid(f"mode must be one of {', '.join(runs.MESSAGE_MODES)}, not {mode!r}")
 
         def body(u: Unit) -> dict[str, Any]:
             thread = self.thread_for(u, caller, thread_id)
@@ -221,13 +225,12 @@ class Commands:
                 source, kind = {"kind": Trigger.USER}, Trigger.USER
             if origin and self._is_parent(thread, origin) and thread.root_task_id:
                 self._follow_up_on_send(u, thread)
+            stopped = self._supersede(u, thread) if mode == "now" else []
             busy = bool(u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN)))
-            run = self._post(u, thread, text, source, kind)
-            return {
-                "messageId": run.trigger["messageIds"][-1],
-                "runId": run.id,
-                "delivery": "queued" if busy else "started",
-            }
+            run = self._post(u, thread, text, source, kind, first=mode == "now")
+            answer = {"messageId": run.trigger["messageIds"][-1], "runId": run.id}
+            answer["delivery"] = "queued" if busy and mode != "now" else "started"
+            return answer | ({"stoppedRuns": stopped} if mode == "now" else {})
 
         return self._once(caller, f"post_message:{thread_id}", client_request_id, body)
 
@@ -261,9 +264,11 @@ class Commands:
         if thread.open_task_id is None and not thread.cancelled:
             self._open_follow_up(u, thread)
 
-    def _post(self, u: Unit, thread: Thread, text: str, source: dict[str, Any], kind: str) -> Run:
+    def _post(
+        self, u: Unit, thread: Thread, text: str, source: dict[str, Any], kind: str, first: bool = False
+    ) -> Run:
         message = self._message(u, thread, "user", text, source)
-        return self._queue(u, thread, kind, [message])
+        return self._queue(u, thread, kind, [message], **({"first": True} if first else {}))
 
     def _message(
         self,
@@ -327,12 +332,22 @@ class Commands:
         u.mark(thread.id)
         return run
 
+    def _supersede(self, u: Unit, thread: Thread) -> list[str]:
+        """Stop the running run for a ``now`` message; unlike ``thread_interrupt`` the
+        thread's open task is not marked interrupted, since the new run answers it."""
+        stopped = []
+        for run in u.query(Run, thread_id=thread.id, status=RunStatus.RUNNING):
+            self._end_run(u, run, RunStatus.INTERRUPTED, run.reply, "stopped for a newer message")
+            u.outbox("run.stop", {"runId": run.id}, thread.id)
+            stopped.append(run.id)
+        return stopped
+
     def _dispatch(self, u: Unit, thread: Thread) -> None:
-        """One run at a time per thread, in order: start the oldest queued run if none runs."""
+        """One run at a time per thread, in order: start the next queued run if none runs."""
         active = u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN))
         if any(run.status == RunStatus.RUNNING for run in active) or not active:
             return
-        run = min(active, key=lambda r: r.seq)
+        run = runs.next_to_start(active)
         runs.start(run, u.at)
         u.save(run)
         u.emit("run.started", run_view(run), thread_id=thread.id, run_id=run.id)

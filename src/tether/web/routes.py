@@ -650,14 +650,17 @@ async def send_message(request: Request, thread_id: str) -> Response:
     if when not in ("now", "queue"):
         raise Invalid("when must be 'now' or 'queue'")
     before = env.queries.thread(ADMIN, thread_id)
-    stopped = ""
-    running = [r["runId"] for r in before["runs"] if r["status"] == "running"]
-    if when == "now" and running:
-        result = await env.tools.thread_interrupt(ADMIN, thread_id)
-        stopped = "; to start it now, " + _stopped_text(before, result["stoppedRuns"], [], context(env))
-    sent = env.commands.post_message(ADMIN, thread_id, text, "auto" if when == "now" else "queue")
-    notice = "Message sent: " + _sent_text(sent, env.queries.thread(ADMIN, thread_id)) + stopped + "."
+    sent = env.commands.post_message(ADMIN, thread_id, text, when)
+    after = env.queries.thread(ADMIN, thread_id)
+    notice = "Message sent: " + _sent_text(sent, after) + _superseded_text(before, sent, env) + "."
     return await _thread_answer(request, env, thread_id, notice)
+
+
+def _superseded_text(before: dict[str, Any], sent: dict[str, Any], env: Environment) -> str:
+    """What a ``now`` message stopped to go first, by run number on the page."""
+    if not sent.get("stoppedRuns"):
+        return ""
+    return "; to start it now, " + _stopped_text(before, sent["stoppedRuns"], [], context(env))
 
 
 def _sent_text(sent: dict[str, Any], after: dict[str, Any]) -> str:
@@ -753,23 +756,17 @@ async def send_remote(request: Request, environment_id: str, thread_id: str) -> 
     text = form.get("text", "").strip()
     if not text:
         raise Invalid("the message is empty")
+    when = form.get("when", "now")
+    if when not in ("now", "queue"):
+        raise Invalid("when must be 'now' or 'queue'")
     link = remote.peer(env, environment_id)
-    stopped = ""
-    if form.get("when", "now") == "now":
-        before = await remote.thread(link, thread_id)
-        if any(r["status"] == "running" for r in before["runs"]):
-            result = await remote.call(
-                link, "POST", f"/api/threads/{thread_id}/interrupt", json={"stop": False}
-            )
-            stopped = "; to start it now, " + _stopped_text(before, result["stoppedRuns"], [], context(env))
-    mode = "auto" if form.get("when", "now") == "now" else "queue"
+    before = await remote.thread(link, thread_id)
     sent = await remote.call(
-        link, "POST", f"/api/threads/{thread_id}/messages", json={"text": text, "mode": mode}
+        link, "POST", f"/api/threads/{thread_id}/messages", json={"text": text, "mode": when}
     )
-    how = _sent_text(sent, await remote.thread(link, thread_id))
-    return await _remote_answer(
-        request, env, environment_id, thread_id, f"Message sent to {link.link.name}: {how}{stopped}."
-    )
+    how = _sent_text(sent, await remote.thread(link, thread_id)) + _superseded_text(before, sent, env)
+    notice = f"Message sent to {link.link.name}: {how}."
+    return await _remote_answer(request, env, environment_id, thread_id, notice)
 
 
 @router.post("/ui/env/{environment_id}/threads/{thread_id}/items/{item_id}/stop")

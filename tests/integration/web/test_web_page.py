@@ -261,33 +261,50 @@ def test_send_and_stop_say_what_they_stopped(page: Any, pair: dict[str, Server])
     expect(page.locator(".stops form + .notice-slot")).to_contain_text(said)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the engine: the dispatcher starts the oldest queued run, so a message sent "
-    "'start now' waits behind an earlier queued one (see docs/web.md)",
-)
-def test_start_now_starts_before_an_earlier_queued_message(pair: dict[str, Server]) -> None:
-    alpha = pair["alpha"]
-    script = {
-        "tether_script": 1,
-        "rules": [
-            {"on": "start", "do": [{"sleep_ms": 30000}]},
-            {"on": "user", "repeat": True, "do": [{"reply": "heard {{text}}"}]},
-        ],
-    }
-    thread_id = new_thread(alpha, script, "start now")
-    await_view(alpha, thread_id, lambda v: v["runs"][0]["status"] == "running", "the first run")
-    api(alpha, "POST", f"/api/threads/{thread_id}/messages", json={"text": "later", "mode": "queue"})
+_SLOW_THEN_HEAR = {
+    "tether_script": 1,
+    "rules": [
+        {"on": "start", "do": [{"sleep_ms": 30000}]},
+        {"on": "delegated_task", "do": [{"sleep_ms": 30000}]},
+        {"on": "user", "repeat": True, "do": [{"reply": "heard {{text}}"}]},
+    ],
+}
+
+
+def _busy_thread(pair: dict[str, Server], where: str) -> tuple[Server, str]:
+    """A thread busy with a long first run: here, or in beta as alpha's delegated child
+    (alpha's link token sees only the threads it created there)."""
+    alpha, beta = pair["alpha"], pair["beta"]
+    if where == "local":
+        return alpha, new_thread(alpha, _SLOW_THEN_HEAR, "start now")
+    delegate = {"task": _SLOW_THEN_HEAR, "environment": "beta", "title": "start now"}
+    delegating = {"tether_script": 1, "rules": [{"on": "start", "do": [{"delegate": delegate}]}]}
+    parent = new_thread(alpha, delegating, "delegates a slow child")
+    view = await_view(alpha, parent, lambda v: v["tasks"] and v["tasks"][0]["childThreadId"], "the child")
+    return beta, view["tasks"][0]["childThreadId"]
+
+
+@pytest.mark.parametrize("where", ["local", "linked"])
+def test_start_now_starts_before_an_earlier_queued_message(pair: dict[str, Server], where: str) -> None:
+    """The page's "start now" stops the running run and goes ahead of an earlier queued
+    message — on a thread here, and on a linked environment's thread seen from here."""
+    alpha, beta = pair["alpha"], pair["beta"]
+    home, thread_id = _busy_thread(pair, where)
+    await_view(home, thread_id, lambda v: v["runs"][0]["status"] == "running", "the first run")
+    api(home, "POST", f"/api/threads/{thread_id}/messages", json={"text": "later", "mode": "queue"})
+    here = "" if where == "local" else f"/env/{health(beta)['environmentId']}"
     sent = httpx.post(
-        f"{alpha.url}/ui/threads/{thread_id}/message",
+        f"{alpha.url}/ui{here}/threads/{thread_id}/message",
         data={"text": "urgent", "when": "now"},
         cookies={"tether_token": alpha.token},
         headers={"X-Tether-Fragment": "1"},
         timeout=10,
     )
     assert sent.status_code == 200
-    wait_settled(alpha, thread_id)
-    runs = thread(alpha, thread_id)["runs"]
+    assert "to start it now, stopped run #1" in sent.text
+    wait_settled(home, thread_id)
+    runs = thread(home, thread_id)["runs"]
+    assert runs[0]["status"] == "interrupted"
     replies = [r["reply"] for r in sorted(runs[1:], key=lambda r: r["startedAt"])]
     assert replies == ["heard urgent", "heard later"], replies
 

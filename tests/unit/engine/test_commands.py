@@ -71,6 +71,34 @@ def test_runs_queue_in_order_one_at_a_time(world: World) -> None:
     assert c["delivery"] == "started"
 
 
+def test_a_now_message_stops_the_running_run_and_goes_ahead_of_queued_ones(world: World) -> None:
+    thread_id, first = world.parent()
+    later = world.commands.post_message(ADMIN, thread_id, "later", "queue")
+    urgent = world.commands.post_message(ADMIN, thread_id, "urgent", "now")
+    assert urgent["stoppedRuns"] == [first] and urgent["delivery"] == "started"
+    assert world.run(first).status == RunStatus.INTERRUPTED
+    assert world.running(thread_id).id == urgent["runId"]  # not the earlier queued "later"
+    world.end(thread_id, "heard urgent")
+    assert world.running(thread_id).id == later["runId"]
+
+
+def test_a_now_message_to_a_working_child_leaves_its_task_to_the_new_answer(world: World) -> None:
+    parent_id, _ = world.parent()
+    task_id, child_id = world.delegate(parent_id)
+    world.commands.post_message(ADMIN, child_id, "do this instead", "now")
+    world.end(child_id, "DONE")
+    task = world.task(task_id)
+    assert (task.status, task.result["text"]) == (TaskStatus.COMPLETED, "DONE")
+
+
+def test_an_unknown_message_mode_is_refused_and_changes_nothing(world: World) -> None:
+    thread_id, _ = world.parent()
+    before = world.dump()
+    with pytest.raises(Invalid):
+        world.commands.post_message(ADMIN, thread_id, "x", "soon")
+    assert world.dump() == before
+
+
 def test_end_run_of_an_ended_run_is_a_no_op(world: World) -> None:
     _thread_id, run_id = world.parent()
     world.commands.end_run(run_id, RunStatus.COMPLETED, "first")
