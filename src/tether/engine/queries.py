@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from tether.domain import attention
@@ -62,6 +63,38 @@ class Queries:
                 for t in found
                 if self.commands.visible(u, caller, t)
             ]
+
+    def thread_row(self, caller: Caller, thread_id: str) -> dict[str, Any] | None:
+        """One thread's summary as :meth:`threads` reads it (the same attention), with its
+        running background items and its parent's title when the parent is here — the
+        threads list's row, re-read when an event touches it (``None``: not visible)."""
+        with self.commands.view() as u:
+            thread = u.load(Thread, thread_id)
+            if thread is None or not self.commands.visible(u, caller, thread):
+                return None
+            summary = {**thread_summary(thread, self.environment_id), **attention_fields(u, thread)}
+            running = len(u.query(Item, thread_id=thread_id, status=ItemStatus.RUNNING))
+        return {**summary, "running": running, "parentTitle": self.local_title(summary)}
+
+    def local_title(self, summary: dict[str, Any]) -> str | None:
+        """The title of a thread summary's parent, when that parent lives here."""
+        parent_id = summary.get("parentThreadId")
+        if not parent_id or summary.get("parentEnvironmentId") != self.environment_id:
+            return None
+        with self.commands.view() as u:
+            parent = u.load(Thread, parent_id)
+        return (parent.title or "untitled") if parent is not None else None
+
+    def overview(self) -> dict[str, Any]:
+        """How many threads and running background items this environment holds, and how
+        many of those items each thread runs (admin's threads list)."""
+        with self.commands.view() as u:
+            running = u.reader.find(Item, status=ItemStatus.RUNNING)
+            return {
+                "threads": u.reader.count(Thread),
+                "background": len(running),
+                "runningByThread": dict(Counter(item.thread_id for item in running)),
+            }
 
     def messages(self, caller: Caller, thread_id: str, after: int = 0, limit: int = 100) -> dict[str, Any]:
         if limit < 1 or limit > 1000:

@@ -169,6 +169,17 @@ class ProcessManager:
     def dir(self, item_id: str) -> Path:
         return self.root / item_id
 
+    def last_line(self, item_id: str) -> str | None:
+        """The last line a command wrote so far (its output file; no event announces it)."""
+        try:
+            with open(self.dir(item_id) / "out", "rb") as handle:
+                handle.seek(0, 2)
+                handle.seek(max(0, handle.tell() - 4096))
+                lines = handle.read().decode("utf-8", "replace").strip().splitlines()
+        except OSError:
+            return None
+        return lines[-1] if lines else None
+
     def spawned_before(self, item_id: str) -> bool:
         """The wrapper's pid was written: this item was spawned (maybe just before a crash)."""
         return (self.dir(item_id) / "pid").exists()

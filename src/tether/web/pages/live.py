@@ -26,7 +26,6 @@ from tether.web.pages.threads import (
     local_context,
     local_page,
     local_row,
-    parent_title,
     remote_context,
     remote_page,
 )
@@ -70,7 +69,8 @@ async def _live_fragments(
                     found.append(row_fragment(row))
             elif key[0] == "remote-row" and key[1] in env.peers.peers:
                 summary = await remote.thread_summary(remote.peer(env, key[1]), key[2])
-                found.append(row_fragment(model.thread_row(summary, ctx, None, parent_title(env, summary))))
+                row = model.thread_row(summary, ctx, None, env.queries.local_title(summary))
+                found.append(row_fragment(row))
             elif key[0] == "summary":
                 found.append(
                     make_fragment(

@@ -3,7 +3,6 @@ link) and a monitor's own page with every line it printed."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -14,9 +13,6 @@ from fastapi.responses import (
 )
 
 from tether.api.auth import environment
-from tether.domain.records import Item, Thread
-from tether.domain.views import thread_summary
-from tether.engine.queries import attention_fields
 from tether.environment import Environment
 from tether.errors import NotFound, TetherError
 from tether.types import ADMIN
@@ -32,41 +28,22 @@ from tether.web.render import thread_model
 router = APIRouter(include_in_schema=False)
 
 
-def env_summary(env: Environment) -> dict[str, Any]:
-    with env.store.read() as reader:
-        threads = reader.count(Thread)
-        background = reader.count(Item, status="running")
+def env_summary(env: Environment, overview: dict[str, Any] | None = None) -> dict[str, Any]:
+    overview = overview or env.queries.overview()
     return {
         "environment": env.name,
-        "threads": threads,
-        "background": background,
+        "threads": overview["threads"],
+        "background": overview["background"],
         "linked": [peer.link.name for peer in env.peers.peers.values()],
     }
 
 
-def _background_counts(env: Environment) -> Counter[str]:
-    with env.store.read() as reader:
-        return Counter(item.thread_id for item in reader.find(Item, status="running"))
-
-
 def local_row(env: Environment, ctx: model.Context, thread_id: str) -> dict[str, Any] | None:
     """One thread's row, read as ``GET /api/threads`` reads it (the same attention)."""
-    with env.commands.view() as u:
-        thread = u.load(Thread, thread_id)
-        if thread is None:
-            return None
-        summary = {**thread_summary(thread, env.environment_id), **attention_fields(u, thread)}
-        running = len(u.query(Item, thread_id=thread_id, status="running"))
-    return model.thread_row(summary, ctx, running, parent_title(env, summary))
-
-
-def parent_title(env: Environment, summary: dict[str, Any]) -> str | None:
-    """The title of a row's parent thread, when that parent is here."""
-    if not summary.get("parentThreadId") or summary.get("parentEnvironmentId") != env.environment_id:
+    summary = env.queries.thread_row(ADMIN, thread_id)
+    if summary is None:
         return None
-    with env.store.read() as reader:
-        parent = reader.get(Thread, summary["parentThreadId"])
-    return (parent.title or "untitled") if parent is not None else None
+    return model.thread_row(summary, ctx, summary["running"], summary["parentTitle"])
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -76,7 +53,8 @@ async def threads_page(request: Request) -> Response:
     env = environment(request)
     cursor = env.store.last_event_seq()  # before reading: nothing after it is missed
     ctx = context(env)
-    counts = _background_counts(env)
+    overview = env.queries.overview()
+    counts = overview["runningByThread"]
     local = env.queries.threads(ADMIN)
     titles = {t["threadId"]: t.get("title") or "untitled" for t in local}
     found, problems = await remote.all_threads(env)
@@ -90,7 +68,7 @@ async def threads_page(request: Request) -> Response:
         "Threads",
         page="threads",
         groups=model.group_rows(rows),
-        summary=env_summary(env),
+        summary=env_summary(env, overview),
         problems=problems,
         live="/ui/live?view=threads",
         cursor=cursor,
@@ -124,23 +102,11 @@ def _own_task(env: Environment, view: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
-def _last_output_line(env: Environment, item_id: str) -> str | None:
-    """The last line a background command wrote (its output file; no event announces it)."""
-    try:
-        with open(env.runtime.processes.dir(item_id) / "out", "rb") as handle:
-            handle.seek(0, 2)
-            handle.seek(max(0, handle.tell() - 4096))
-            lines = handle.read().decode("utf-8", "replace").strip().splitlines()
-    except (OSError, AttributeError):
-        return None
-    return lines[-1] if lines else None
-
-
 async def local_page(env: Environment, thread_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     view = env.queries.thread(ADMIN, thread_id)
     for item in view["background"]:
         if item["kind"] == "command" and not item.get("lastLine"):
-            item["lastLine"] = _last_output_line(env, item["id"])
+            item["lastLine"] = env.runtime.processes.last_line(item["id"])
     await remote.fill_failures(env, view["tasks"])
     return view, thread_model(view, context(env), _own_task(env, view))
 
