@@ -17,7 +17,7 @@ __all__ = ["PROVIDERS", "Provider", "Turn", "load_providers", "usability"]
 #: name -> "module:Class"; each class is built as ``Class(config_section)``.
 PROVIDERS: dict[str, str] = {
     "script": "tether.providers.script:ScriptProvider",
-    "claude": "tether.providers.claude:ClaudeProvider",
+    "claude": "tether.providers.claude.provider:ClaudeProvider",
     "codex": "tether.providers.codex:CodexProvider",
     "openai": "tether.providers.openai:OpenAIProvider",
 }

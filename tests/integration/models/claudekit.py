@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tether.launch import Server
-from tether.providers.claude import bundled_cli
+from tether.providers.claude.cli import bundled_cli
 
 from .anthropic_server import ModelServer
 

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from claude_agent_sdk._internal.message_parser import parse_message
 
-from tether.providers.claude import ClaudeProvider, ClaudeSession, CliTurn
-from tether.providers.claude_transcript import event_notice, written_turns
+from tether.providers.claude.provider import ClaudeProvider
+from tether.providers.claude.session import ClaudeSession, CliTurn
+from tether.providers.claude.transcript import event_notice, written_turns
 
 SID = "sess-1"
 
