@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,27 +36,81 @@ app.add_typer(link_app, name="link")
 out = Console()
 err = Console(stderr=True)
 
-UrlOpt = typer.Option(
-    os.environ.get("TETHER_URL", DEFAULT_URL), "--url", help="Environment URL (TETHER_URL)."
-)
-TokenOpt = typer.Option(None, "--token", help="Bearer token (TETHER_TOKEN; default: DATA/admin.token).")
-DataOpt = typer.Option(None, "--data", help="Data directory whose admin.token to use.")
 JsonOpt = typer.Option(False, "--json", help="Print JSON.")
 
 
-def _client(url: str, token: str | None, data: Path | None, timeout: float = 60.0) -> Client:
-    return Client(url, resolve_token(token, data), timeout)
+@dataclass
+class Conn:
+    """The connection options every command that talks to an environment takes, declared
+    once by :func:`connected`."""
+
+    url: str
+    token: str | None
+    data: Path | None
+    as_json: bool
+
+    def get(self, path: str, timeout: float = 60.0, **params: Any) -> Any:
+        return self._call(lambda client: client.get(path, **params), timeout)
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self._call(lambda client: client.post(path, body))
+
+    def delete(self, path: str) -> Any:
+        return self._call(lambda client: client.request("DELETE", path))
+
+    def _call(self, send: Callable[[Client], Any], timeout: float = 60.0) -> Any:
+        """One API call; an error is printed and the command exits 1."""
+        try:
+            return send(Client(self.url, resolve_token(self.token, self.data), timeout))
+        except ApiError as error:
+            err.print(f"[red]error[/red] {error.status} {error.code}: {error.message}")
+            raise typer.Exit(1) from None
+        except Exception as error:  # connection refused and the like
+            err.print(f"[red]error[/red] {type(error).__name__}: {error}")
+            raise typer.Exit(1) from None
+
+    def show(self, result: Any, text: str | Table | None = None) -> None:
+        """``--json``: the API's answer as is; otherwise ``text`` for a person."""
+        if self.as_json or text is None:
+            _print_json(result)
+        else:
+            out.print(text)
 
 
-def _call(fn: Any) -> Any:
-    try:
-        return fn()
-    except ApiError as error:
-        err.print(f"[red]error[/red] {error.status} {error.code}: {error.message}")
-        raise typer.Exit(1) from None
-    except Exception as error:  # connection refused and the like
-        err.print(f"[red]error[/red] {type(error).__name__}: {error}")
-        raise typer.Exit(1) from None
+def connected(token_flag: str = "--token") -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command ``--url``, ``--token`` (or ``token_flag``), ``--data`` and ``--json``,
+    passed to it as ``conn``: the options are declared here only, not in every command."""
+    added = [
+        _option(
+            "url", str, os.environ.get("TETHER_URL", DEFAULT_URL), "--url", "Environment URL (TETHER_URL)."
+        ),
+        _option(
+            "token", str | None, None, token_flag, "Bearer token (TETHER_TOKEN; default: DATA/admin.token)."
+        ),
+        _option("data", Path | None, None, "--data", "Data directory whose admin.token to use."),
+        _option("as_json", bool, False, "--json", "Print JSON."),
+    ]
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "conn"]
+
+        @functools.wraps(command)
+        def run(
+            *args: Any, url: str, token: str | None, data: Path | None, as_json: bool, **kwargs: Any
+        ) -> None:
+            command(*args, conn=Conn(url, token, data, as_json), **kwargs)
+
+        parameters = own + added
+        run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in parameters}
+        return run
+
+    return decorate
+
+
+def _option(name: str, annotation: Any, default: Any, flag: str, help: str) -> inspect.Parameter:
+    option = typer.Option(default, flag, help=help)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
 
 
 def _print_json(value: Any) -> None:
@@ -119,58 +177,42 @@ def providers(
 
 
 @thread_app.command("new")
+@connected()
 def thread_new(
     message: str = typer.Argument(None, help="First message (for the script provider: the script)."),
     provider: str = typer.Option("script", "--provider"),
     title: str | None = typer.Option(None, "--title"),
     file: Path | None = typer.Option(None, "--file", help="Read the first message from a file."),
-    url: str = UrlOpt,
-    token: str | None = TokenOpt,
-    data: Path | None = DataOpt,
-    as_json: bool = JsonOpt,
+    *,
+    conn: Conn,
 ) -> None:
     """Create a thread (and start its first run if a message is given)."""
     text = file.read_text() if file else message
-    client = _client(url, token, data)
-    result = _call(
-        lambda: client.post("/api/threads", {"provider": provider, "title": title, "message": text})
-    )
-    _print_json(result) if as_json else out.print(
-        f"thread [bold]{result['threadId']}[/bold] run {result['runId']}"
-    )
+    result = conn.post("/api/threads", {"provider": provider, "title": title, "message": text})
+    conn.show(result, f"thread [bold]{result['threadId']}[/bold] run {result['runId']}")
 
 
 @thread_app.command("send")
+@connected()
 def thread_send(
     thread_id: str,
     text: str,
-    mode: str = typer.Option("auto", "--mode", help="auto or queue"),
-    url: str = UrlOpt,
-    token: str | None = TokenOpt,
-    data: Path | None = DataOpt,
-    as_json: bool = JsonOpt,
+    mode: str = typer.Option("auto", "--mode", help="auto, queue, or now (stops the running run)"),
+    *,
+    conn: Conn,
 ) -> None:
     """Send a message to a thread."""
-    client = _client(url, token, data)
-    result = _call(lambda: client.post(f"/api/threads/{thread_id}/messages", {"text": text, "mode": mode}))
-    _print_json(result) if as_json else out.print(
-        f"message {result['messageId']} run {result['runId']} ({result['delivery']})"
-    )
+    result = conn.post(f"/api/threads/{thread_id}/messages", {"text": text, "mode": mode})
+    conn.show(result, f"message {result['messageId']} run {result['runId']} ({result['delivery']})")
 
 
 @thread_app.command("show")
-def thread_show(
-    thread_id: str,
-    url: str = UrlOpt,
-    token: str | None = TokenOpt,
-    data: Path | None = DataOpt,
-    as_json: bool = JsonOpt,
-) -> None:
+@connected()
+def thread_show(thread_id: str, *, conn: Conn) -> None:
     """Show a thread: its messages, runs and background work."""
-    client = _client(url, token, data)
-    view = _call(lambda: client.get(f"/api/threads/{thread_id}"))
-    if as_json:
-        _print_json(view)
+    view = conn.get(f"/api/threads/{thread_id}")
+    if conn.as_json:
+        conn.show(view)
         return
     out.print(
         f"[bold]{view['threadId']}[/bold] {view['provider']} · {view['status']} · "
@@ -198,32 +240,26 @@ def thread_show(
 
 
 @thread_app.command("wait")
+@connected()
 def thread_wait(
     thread_id: str,
     until_settled: bool = typer.Option(False, "--settled", help="Wait until settled, not just idle."),
     after_run: str | None = typer.Option(None, "--after-run"),
     timeout_ms: int = typer.Option(300_000, "--timeout-ms"),
-    url: str = UrlOpt,
-    token: str | None = TokenOpt,
-    data: Path | None = DataOpt,
-    as_json: bool = JsonOpt,
+    *,
+    conn: Conn,
 ) -> None:
     """Wait until a thread is idle (or settled)."""
-    client = _client(url, token, data, timeout=timeout_ms / 1000 + 30)
     with err.status(f"waiting for {thread_id}…"):
-        result = _call(
-            lambda: client.get(
-                f"/api/threads/{thread_id}/wait",
-                untilSettled=until_settled,
-                afterRunId=after_run,
-                timeoutMs=timeout_ms,
-            )
+        result = conn.get(
+            f"/api/threads/{thread_id}/wait",
+            timeout=timeout_ms / 1000 + 30,
+            untilSettled=until_settled,
+            afterRunId=after_run,
+            timeoutMs=timeout_ms,
         )
-    if as_json:
-        _print_json(result)
-    else:
-        state = "timed out" if result["timedOut"] else ("settled" if result["settled"] else result["status"])
-        out.print(f"{thread_id}: {state} (last run {result['runId']})")
+    state = "timed out" if result["timedOut"] else ("settled" if result["settled"] else result["status"])
+    conn.show(result, f"{thread_id}: {state} (last run {result['runId']})")
     if result["timedOut"]:
         raise typer.Exit(2)
 
@@ -259,130 +295,100 @@ def _deadline_cell(task: dict[str, Any]) -> str:
 
 
 @task_app.command("list")
+@connected()
 def task_list(
     parent: str | None = typer.Option(None, "--parent", help="Only tasks of this parent thread."),
     status: str | None = typer.Option(None, "--status"),
-    url: str = UrlOpt,
-    token: str | None = TokenOpt,
-    data: Path | None = DataOpt,
-    as_json: bool = JsonOpt,
+    *,
+    conn: Conn,
 ) -> None:
     """List delegated tasks and follow-ups."""
-    client = _client(url, token, data)
-    result = _call(lambda: client.get("/api/tasks", parentThreadId=parent, status=status))
-    _print_json(result) if as_json else out.print(_task_table(result["tasks"]))
+    result = conn.get("/api/tasks", parentThreadId=parent, status=status)
+    conn.show(result, _task_table(result["tasks"]))
 
 
 @task_app.command("show")
-def task_show(
-    task_id: str,
-    url: str = UrlOpt,
-    token: str | None = TokenOpt,
-    data: Path | None = DataOpt,
-    as_json: bool = JsonOpt,
-) -> None:
+@connected()
+def task_show(task_id: str, *, conn: Conn) -> None:
     """Show one task."""
-    client = _client(url, token, data)
-    result = _call(lambda: client.get(f"/api/tasks/{task_id}"))
-    _print_json(result) if as_json else out.print(_task_table([result]))
+    result = conn.get(f"/api/tasks/{task_id}")
+    conn.show(result, _task_table([result]))
 
 
 @task_app.command("cancel")
+@connected()
 def task_cancel(
     task_id: str,
     reason: str | None = typer.Option(None, "--reason"),
-    url: str = UrlOpt,
-    token: str | None = TokenOpt,
-    data: Path | None = DataOpt,
-    as_json: bool = JsonOpt,
+    *,
+    conn: Conn,
 ) -> None:
     """Cancel a task: its child stops, and the parent is told once."""
-    client = _client(url, token, data)
-    result = _call(lambda: client.post(f"/api/tasks/{task_id}/cancel", {"reason": reason}))
-    _print_json(result) if as_json else out.print(f"{result['taskId']}: {result['status']}")
+    result = conn.post(f"/api/tasks/{task_id}/cancel", {"reason": reason})
+    conn.show(result, f"{result['taskId']}: {result['status']}")
 
 
 # ---------------------------------------------------------------------- tokens and links
 
 
 @token_app.command("create")
+@connected()
 def token_create(
     label: str = typer.Option(..., "--label", help="Who the token is for (shown in lists)."),
-    url: str = UrlOpt,
-    token: str | None = TokenOpt,
-    data: Path | None = DataOpt,
-    as_json: bool = JsonOpt,
+    *,
+    conn: Conn,
 ) -> None:
     """Mint a link token. It is shown once: it is as powerful as an SSH key to this workspace."""
-    client = _client(url, token, data)
-    result = _call(lambda: client.post("/api/link-tokens", {"label": label}))
-    if as_json:
-        _print_json(result)
+    result = conn.post("/api/link-tokens", {"label": label})
+    if conn.as_json:
+        conn.show(result)
     else:
         out.print(f"link token {result['tokenId']} ({label}) — shown once, keep it secret:")
         sys.stdout.write(result["token"] + "\n")
 
 
 @token_app.command("list")
-def token_list(
-    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt
-) -> None:
+@connected()
+def token_list(*, conn: Conn) -> None:
     """List link tokens (never the secrets)."""
-    client = _client(url, token, data)
-    result = _call(lambda: client.get("/api/link-tokens"))
-    if as_json:
-        _print_json(result)
-        return
+    result = conn.get("/api/link-tokens")
     table = Table("token", "label", "created", "last used", "revoked")
     for t in result["tokens"]:
         table.add_row(
             t["tokenId"], t["label"], t["createdAt"], t["lastUsedAt"] or "", "yes" if t["revoked"] else ""
         )
-    out.print(table)
+    conn.show(result, table)
 
 
 @token_app.command("revoke")
-def token_revoke(
-    token_id: str,
-    url: str = UrlOpt,
-    token: str | None = TokenOpt,
-    data: Path | None = DataOpt,
-    as_json: bool = JsonOpt,
-) -> None:
+@connected()
+def token_revoke(token_id: str, *, conn: Conn) -> None:
     """Revoke a link token: every later call with it gets 401."""
-    client = _client(url, token, data)
-    result = _call(lambda: client.request("DELETE", f"/api/link-tokens/{token_id}"))
-    _print_json(result) if as_json else out.print(f"{token_id} revoked")
+    result = conn.delete(f"/api/link-tokens/{token_id}")
+    conn.show(result, f"{token_id} revoked")
 
 
 @link_app.command("add")
+@connected(token_flag="--admin-token")
 def link_add(
     peer_url: str = typer.Argument(..., help="URL of the environment to link to."),
     peer_token: str = typer.Option(..., "--token", help="A link token minted there."),
     label: str | None = typer.Option(None, "--label"),
     insecure: bool = typer.Option(False, "--insecure", help="Allow plain http to a public address."),
-    url: str = UrlOpt,
-    admin_token: str | None = typer.Option(None, "--admin-token", help="This environment's token."),
-    data: Path | None = DataOpt,
-    as_json: bool = JsonOpt,
+    *,
+    conn: Conn,
 ) -> None:
     """Link this environment to the one at PEER_URL."""
-    client = _client(url, admin_token, data)
     body = {"url": peer_url, "token": peer_token, "label": label, "insecure": insecure}
-    result = _call(lambda: client.post("/api/links", body))
-    _print_json(result) if as_json else out.print(f"linked to {result['name']} ({result['environmentId']})")
+    result = conn.post("/api/links", body)
+    conn.show(result, f"linked to {result['name']} ({result['environmentId']})")
 
 
 @link_app.command("list")
-def link_list(
-    url: str = UrlOpt, token: str | None = TokenOpt, data: Path | None = DataOpt, as_json: bool = JsonOpt
-) -> None:
+@connected()
+def link_list(*, conn: Conn) -> None:
     """List links with their reachability and last error."""
-    client = _client(url, token, data)
-    result = _call(lambda: client.get("/api/links"))
-    if as_json:
-        _print_json(result)
-        return
+    result = conn.get("/api/links")
     table = Table("environment", "name", "label", "url", "status", "last error")
     for link in result["links"]:
         table.add_row(
@@ -393,7 +399,7 @@ def link_list(
             link["status"],
             link["lastError"] or "",
         )
-    out.print(table)
+    conn.show(result, table)
 
 
 def main() -> None:
