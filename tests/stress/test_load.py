@@ -16,6 +16,7 @@ this failed with hundreds of 500s, monitors ended as failed, and a lost answer.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from typing import Any
 
 from .kit import (
@@ -84,7 +85,10 @@ def test_many_clients_with_every_kind_of_token_while_tasks_run(servers: Any) -> 
         poll(lambda: all(record.per_client[c.name] >= 3 for c in clients), SECONDS, "every client answered")
         parents = [watcher, *(new_thread(a, parent_script(rng, "b"), f"parent {n}") for n in range(PARENTS))]
         with Pulse([a, b]) as pulse:
-            pulse.wait_for(lambda: all(_settled(a, p) for p in parents), SECONDS * 3, "every parent settled")
+            try:
+                pulse.wait_for(lambda: all(_settled(a, p) for p in parents), SECONDS * 3, "all settled")
+            except AssertionError as error:
+                raise AssertionError(f"{error}: {_unsettled(a, parents)}") from None
         floor = {c.name: record.per_client[c.name] + 3 for c in clients}
         poll(lambda: all(record.per_client[n] >= m for n, m in floor.items()), SECONDS, "load afterwards")
     finally:
@@ -107,6 +111,19 @@ def test_many_clients_with_every_kind_of_token_while_tasks_run(servers: Any) -> 
         assert items and all(i["status"] == "ended" and i["exitCode"] == 0 for i in items), [
             i for i in items if i["status"] != "ended" or i["exitCode"] != 0]
         assert "Traceback" not in server.log_tail(), server.log_tail()[-3000:]
+
+
+def _unsettled(server: Any, parents: list[str]) -> list[dict[str, Any]]:
+    """What each parent that did not settle is still doing, and its tasks' states."""
+    found = []
+    for parent in parents:
+        view = server.get(f"/api/threads/{parent}")
+        if _settled(server, parent):
+            continue
+        tasks = Counter(f"{t['status']}/{t['delivery']['state']}" for t in view["tasks"])
+        runs = Counter(r["status"] for r in view["runs"])
+        found.append({"thread": parent, "attention": view["attention"], "runs": runs, "tasks": tasks})
+    return found
 
 
 def _settled(server: Any, thread_id: str) -> bool:
