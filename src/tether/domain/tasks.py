@@ -150,6 +150,18 @@ def advance_delivery(task: Task, to: Delivery) -> bool:
     return True
 
 
+def release_claim(task: Task) -> bool:
+    """A wait-mode call claimed the result but ended without handing it over (it timed
+    out or its connection dropped): the result goes back to ``pending`` so that the
+    parent is woken with it instead. The one step back the delivery takes, and only from
+    a call's claim — any later state stays (G3); False (no change) otherwise."""
+    if task.delivered_as != "call" or task.delivery_state != Delivery.CLAIMED:
+        return False
+    task.delivery_state = Delivery.PENDING
+    task.delivered_as = None
+    return True
+
+
 def wake_text(tasks: Iterable[Task]) -> str:
     """A completion wake lists each task once with its result text verbatim, nothing else."""
     parts = []

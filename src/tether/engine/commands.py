@@ -1338,9 +1338,7 @@ class Commands:
         if not task.waiting_call:
             return
         task.waiting_call = False
-        if task.delivered_as == "call" and task.delivery_state == Delivery.CLAIMED:
-            task.delivery_state = Delivery.PENDING
-            task.delivered_as = None
+        if tasks.release_claim(task):
             parent = u.load(Thread, task.parent_thread_id)
             if parent is not None:
                 self._wake(u, parent, task)

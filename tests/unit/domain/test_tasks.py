@@ -331,3 +331,14 @@ def test_wake_text_lists_each_task_once_with_its_result_verbatim(results: list[s
 
 def test_wake_text_accepts_a_generator() -> None:
     assert tasks.wake_text(t for t in [done("tsk_a", "x")]) == "[task tsk_a: completed]\nx"
+
+
+@pytest.mark.parametrize(
+    ("start", "delivered_as"), list(itertools.product(list(Delivery), ["call", "result", None]))
+)
+def test_only_a_calls_claim_is_released_back_to_pending(start: Delivery, delivered_as: str | None) -> None:
+    task = make_task(delivery_state=start, delivered_as=delivered_as)
+    released = tasks.release_claim(task)
+    assert released is (start == D.CLAIMED and delivered_as == "call")
+    expected = (D.PENDING, None) if released else (start, delivered_as)
+    assert (task.delivery_state, task.delivered_as) == expected
