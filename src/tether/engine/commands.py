@@ -1189,16 +1189,29 @@ class Commands:
                 u.save(task)
 
     def apply_remote(self, environment_id: str, seq: int, view: dict[str, Any]) -> bool:
-        """A task event from a peer's feed, applied exactly once: the cursor moves in the
-        same transaction, and a task already terminal here takes no more news (G3, G7)."""
+        """One task event from a peer's feed (see ``apply_remote_chunk``)."""
+        return self.apply_remote_chunk(environment_id, [(seq, view)]) == 1
+
+    def apply_remote_chunk(self, environment_id: str, events: list[tuple[int, dict[str, Any]]]) -> int:
+        """Task events from a peer's feed, in feed order, each applied exactly once: the
+        cursor moves in the same transaction, and a task already terminal here takes no
+        more news (G3, G7). One transaction for a whole received chunk: results that arrive
+        together fold into one wake, as local ones ending in one command do. Returns how
+        many were new."""
         with self.unit() as u:
             link = u.load(Link, environment_id)
-            if link is None or (link.cursor is not None and seq <= int(link.cursor)):
-                return False
-            link.cursor = str(seq)
-            u.save(link)
-            self._mirror(u, environment_id, view)
-            return True
+            if link is None:
+                return 0
+            applied = 0
+            for seq, view in events:
+                if link.cursor is not None and seq <= int(link.cursor):
+                    continue
+                link.cursor = str(seq)
+                self._mirror(u, environment_id, view)
+                applied += 1
+            if applied:
+                u.save(link)
+            return applied
 
     def _mirror(self, u: Unit, environment_id: str, view: dict[str, Any]) -> None:
         task = u.load(Task, view.get("taskId"))
