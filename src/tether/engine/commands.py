@@ -547,7 +547,7 @@ class Commands:
             if task.work_state != state:
                 task.work_state = state
                 self._save_task(u, task)
-        busy = bool(active) or bool(u.query(Item, limit=1, thread_id=thread.id, status=ItemStatus.RUNNING))
+        busy = bool(active) or u.reader.count(Item, thread_id=thread.id, status=ItemStatus.RUNNING) > 0
         self._note_child_active(u, thread, busy)  # before the answer: its event carries it
         if settled and not thread.cancelled and (thread.pending_answer_run_id or task):
             answer = u.load(Run, thread.pending_answer_run_id)
@@ -671,7 +671,9 @@ class Commands:
             u.save(run)
             u.emit("run.folded", run_view(run), thread_id=parent.id, run_id=run.id)
             message = u.need(Message, run.trigger["messageIds"][0], "message")
-            message.text = tasks.wake_text(u.need(Task, t, "task") for t in task_ids)
+            # Appended, not rebuilt from every folded task: their parts never change (each
+            # is terminal), and decoding them all made a big fan-in quadratic.
+            message.text = f"{message.text}\n\n{tasks.wake_text([task])}"
             message.source = {"kind": Trigger.DELEGATED_TASK, "taskIds": task_ids}
             u.save(message)
             u.emit("message.updated", message_view(message), thread_id=parent.id, run_id=run.id)
