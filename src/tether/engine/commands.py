@@ -938,13 +938,20 @@ class Commands:
             self._start_item(u, item, "process.start" if spawn else None)
             return item_view(item)
 
-    def process_spawned(self, item_id: str, pid: int, pid_start: str | None) -> bool:
-        """Record the pid; False when the item was cancelled meanwhile (kill it)."""
-        with self.unit() as u:
-            item = u.need(Item, item_id, "background item")
+    def process_spawned(self, item_id: str, pid: int, pid_start: str | None) -> None:
+        """Record the pid (deferred, ``_later``: the pid file the spawn wrote already tells
+        a restart that it ran). An item that ended meanwhile gets its process killed."""
+
+        def write(u: Unit) -> None:
+            item = u.load(Item, item_id)
+            if item is None:
+                return
             item.pid, item.pid_start = pid, pid_start
             u.save(item)
-            return item.is_running
+            if not item.is_running:
+                u.outbox("process.kill", {"itemId": item.id}, item.thread_id)
+
+        self._later(write)
 
     def process_ended(
         self,

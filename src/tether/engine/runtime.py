@@ -312,11 +312,9 @@ class Runtime:
         if self.processes.spawned_before(item.id):
             return  # spawned before a crash; recovery already adopted or reported it
         pid, started = self.processes.spawn(item)
-        if self.commands.process_spawned(item.id, pid, started):
-            item.pid = pid
-            self.processes.watch(item, pid)
-        else:
-            self.processes.kill(item.id, pid, "cancelled")
+        self.commands.process_spawned(item.id, pid, started)
+        item.pid = pid
+        self.processes.watch(item, pid)
 
     def _kill(self, row: OutboxRow) -> None:
         with self.store.read() as reader:

@@ -141,3 +141,20 @@ def test_a_chunk_of_feed_events_is_one_transaction_applied_once(quiet: World) ->
         assert reader.get(Thread, parent_id).status == "running"
         assert len(reader.find(Run, thread_id=parent_id, status=RunStatus.RUNNING)) == 1, "one wake"
         assert reader.get(Task, task_id).result == {"text": "FINAL"}
+
+
+async def test_a_pid_rides_on_the_next_command_and_a_late_one_is_killed(quiet: World) -> None:
+    thread_id, _ = quiet.parent()
+    first, late = quiet.command(thread_id, awaited=True), quiet.command(thread_id)
+    before = quiet.store.commits
+    quiet.commands.process_spawned(first, 4242, "77")
+    assert quiet.store.commits == before
+    quiet.commands.stop_item(ADMIN, late, "stopped")
+    assert (quiet.item(first).pid, quiet.item(first).pid_start) == (4242, "77")
+    quiet.commands.process_spawned(late, 4343, None)  # spawned after the item was stopped
+    await asyncio.sleep(0)
+    assert quiet.item(late).pid == 4343
+    with quiet.store.read() as reader:
+        kills = [row.payload for row in reader.outbox() if row.kind == "process.kill"]
+    # The stop's own kill found no pid yet; the second one, queued with the pid, kills it.
+    assert kills.count({"itemId": late}) == 2
