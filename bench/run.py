@@ -8,8 +8,9 @@ and written to ``bench/results/latest.json``. Timings here are reports, never pa
 - latency: child run end -> parent wake run start, local and linked over loopback
            (p50, p99); baseline: a loopback HTTP round trip with the same client.
 - fanout:  one parent, N async tasks (half remote), each with a background wake;
-           tasks/s end to end, all delivered exactly once; baseline: raw sqlite3
-           inserts of the same number of events.
+           tasks/s end to end, all delivered exactly once, with transactions, events
+           and CPU seconds per task (both servers); baseline: raw sqlite3 inserts (one
+           transaction each) of the same number of events, and the ratio.
 - restart: start-up time with N open tasks until the server answers (recovery done).
 - memory:  server RSS per idle thread and per open task, at 100 and at the full size.
 - mixed:   many clients at once (admin, a link token, a thread credential; reads, writes,
@@ -204,26 +205,40 @@ def bench_fanout(root: Path, n: int) -> dict[str, Any]:
     ]
     script = _script([{"on": "start", "do": actions}, {"on": "delegated_task", "repeat": True, "do": []}])
     try:
+        before = [_stats(server) for server in (origin, peer)]
         start = time.perf_counter()
         with origin.client() as client:
             parent = client.post("/api/threads", json={"provider": "script", "message": script}).json()
         tasks = _wait_delivered(origin, parent["threadId"], n, 600)
         elapsed = time.perf_counter() - start
+        after = [_stats(server) for server in (origin, peer)]
+        used = {key: sum(a[key] - b[key] for a, b in zip(after, before, strict=True)) for key in after[0]}
         with origin.client() as client:
             view = client.get(f"/api/threads/{parent['threadId']}").json()
         wake_texts = [m["text"] for m in view["messages"] if m["role"] == "notification"]
         finals = sum(text.count("FINAL") for text in wake_texts)
-        raw = _raw_inserts(root / "raw.db", n * 40)  # about 40 events per delegated task
+        raw = _raw_inserts(root / "raw.db", used["events"])
         return {
             "tasks": n,
             "seconds": round(elapsed, 2),
             "tasksPerSecond": round(n / elapsed, 1),
             "deliveredExactlyOnce": finals == n and len(tasks) == n,
+            "transactionsPerTask": round(used["transactions"] / n, 1),
+            "eventsPerTask": round(used["events"] / n, 1),
+            "cpuSecondsPerTask": round(used["cpuSeconds"] / n, 4),
             "baselineRawInsertsSeconds": round(raw, 3),
+            "ratioOverBaseline": round(elapsed / raw, 1),
         }
     finally:
         origin.stop()
         peer.stop()
+
+
+def _stats(server: Server) -> dict[str, float]:
+    """Transactions, events and CPU seconds of one server so far (both environments' work
+    counts: the remote half runs in the peer)."""
+    with server.client() as client:
+        return client.get("/api/stats").json()
 
 
 def _raw_inserts(path: Path, n: int) -> float:

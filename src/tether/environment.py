@@ -18,7 +18,7 @@ from tether import __version__
 from tether.config import default_deadline_ms, load_config, section
 from tether.domain.records import Thread, Token
 from tether.engine.runtime import Runtime
-from tether.errors import NotFound, Unauthorized
+from tether.errors import Forbidden, NotFound, Unauthorized
 from tether.ids import format_time, new_id, now
 from tether.peers import Peers
 from tether.private import write_private
@@ -87,6 +87,15 @@ class Environment:
             "name": self.name,
             "version": __version__,
             "processes": self.runtime.processes.backend.name,
+        }
+
+    def stats(self, caller: Caller) -> dict[str, Any]:
+        if caller.kind != "admin":
+            raise Forbidden("only the admin token can read the stats")
+        return {
+            "transactions": self.store.commits,
+            "events": self.store.last_event_seq(),
+            "cpuSeconds": round(time.process_time(), 3),
         }
 
     async def start(self) -> None:

@@ -210,6 +210,17 @@ def test_health_needs_no_token(module_server: Server) -> None:
     assert set(health.json()) >= {"environmentId", "name", "version"}
 
 
+def test_stats_are_for_the_admin_only(
+    module_server: Server, module_client: httpx.Client, victim: dict[str, str]
+) -> None:
+    stats = module_client.get("/api/stats").json()
+    assert stats["transactions"] > 0 and stats["events"] > 0 and stats["cpuSeconds"] > 0
+    credential = module_client.post(f"/api/threads/{victim['thread']}/credentials", json={}).json()["token"]
+    headers = {"Authorization": f"Bearer {credential}"}
+    answer = httpx.get(f"{module_server.url}/api/stats", headers=headers, timeout=10)
+    assert error_of(answer, 403)["code"] == "forbidden"
+
+
 def test_every_endpoint_needs_a_token(module_server: Server, victim: dict[str, str]) -> None:
     listed = endpoints(module_server, victim)
     assert ("POST", "/api/threads") in listed and ("GET", "/api/events") in listed

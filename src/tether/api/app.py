@@ -70,6 +70,12 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
         """Side effects not yet carried out, and those parked after repeated failures."""
         return env.queries.effects(who)
 
+    @app.get("/api/stats", tags=["environment"], responses=errors.RESPONSES)
+    async def stats(who: Annotated[Caller, Depends(caller)]) -> dict[str, Any]:
+        """What this process did so far: transactions committed, events stored, CPU seconds
+        (admin only; the benchmarks report them per task)."""
+        return env.stats(who)
+
     app.include_router(threads.router, responses=errors.RESPONSES)
     app.include_router(tasks.router, responses=errors.RESPONSES)
     app.include_router(events.router, responses=errors.RESPONSES)

@@ -79,10 +79,11 @@ async def events(
                 return  # revoked: the stream ends now, and the reconnect gets 401
             top = env.store.last_event_seq()
             batch = env.store.events_after(cursor, 500, token)
-            for event in batch:
-                cursor = event.seq
-                yield _frame(event, env.environment_id)
             if batch:
+                # One write for the batch: a follower receives what one commit wrote in
+                # one chunk, and applies it in one transaction.
+                cursor = batch[-1].seq
+                yield "".join(_frame(event, env.environment_id) for event in batch)
                 continue
             cursor = max(cursor, top)  # nothing (of this token's) up to the newest event
             seen = cursor

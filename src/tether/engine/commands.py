@@ -13,7 +13,9 @@ are outbox rows; :mod:`tether.engine.runtime` carries them out after the commit.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -44,6 +46,15 @@ from tether.types import Caller
 #: id stands in as the parent thread, and the client reads results over A2A.
 A2A_PARENT = "a2a"
 
+log = logging.getLogger(__name__)
+
+#: A flush of deferred writes that failed (the store was locked, say) is tried again after
+#: this many seconds, unless a command carries them first.
+FLUSH_RETRY = 1.0
+
+#: A write that nothing waits on, applied later inside some command's unit (see ``_later``).
+Deferred = Callable[[Unit], None]
+
 _TERMINAL_ITEM = {
     TaskStatus.COMPLETED: ItemStatus.ENDED,
     TaskStatus.FAILED: ItemStatus.FAILED,
@@ -70,24 +81,84 @@ class Commands:
         #: ``[tasks] default_deadline_ms`` of ``config.toml``: the deadline of every task
         #: delegated from here without one of its own (None: no deadline).
         self.default_deadline_ms: int | None = None
+        #: Writes of running turns not yet applied, oldest first (see ``_later``).
+        self._deferred: list[Deferred] = []
+        self._flush_armed = False
 
     # ------------------------------------------------------------------ plumbing
 
     @contextmanager
     def unit(self) -> Iterator[Unit]:
-        with self.store.transaction() as tx:
-            u = Unit(tx, self.environment_id)
-            yield u
-            self._settle(u)
+        """One command's transaction. Deferred writes go first, in order, so the command
+        (and everything after it) sees them; a rollback hands them to the next command."""
+        deferred, self._deferred = self._deferred, []
+        try:
+            with self.store.transaction() as tx:
+                u = Unit(tx, self.environment_id)
+                self._apply_deferred(u, deferred)
+                yield u
+                self._settle(u)
+        except BaseException:
+            self._deferred[:0] = deferred
+            raise
         if self._on_commit and u.touched:
             self._on_commit(u.touched)
 
     @contextmanager
     def view(self) -> Iterator[View]:
         """A read-only snapshot for queries: no write lock, no settle step, no commit hook.
-        It sees every command whole or not at all, since a command is one transaction."""
+        It sees every command whole or not at all, since a command is one transaction.
+        Deferred writes are applied first, so a reader in this process reads its writes."""
+        self.flush()
         with self.store.read() as reader:
             yield View(reader, self.environment_id)
+
+    # ------------------------------------------------------------------ deferred writes
+
+    def _later(self, write: Deferred) -> None:
+        """Queue a write that nothing waits on — a turn's start time, its provider state,
+        what it says — instead of committing it alone. It joins the transaction of the next
+        command (whichever comes first: that run's next tool call or its end, another
+        command, a query) or, failing that, its own one on the loop's next turn. Writes are
+        only delayed, never reordered, so this is the same history with fewer commits: a
+        crash before the flush loses what a crash a moment earlier would have lost. Each
+        write re-checks what it depends on (its run still running) and must not raise.
+        Without a running loop (scripts, tests) it is applied at once."""
+        self._deferred.append(write)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        if not self._flush_armed:
+            self._flush_armed = True
+            loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self._flush_armed = False
+        try:
+            self.flush()
+        except Exception:
+            log.exception("deferred writes could not be committed; trying again")
+            self._flush_armed = True
+            asyncio.get_running_loop().call_later(FLUSH_RETRY, self._flush_soon)
+
+    def flush(self) -> None:
+        """Commit the deferred writes now (one transaction), if there are any."""
+        if self._deferred:
+            with self.unit():
+                pass
+
+    def _apply_deferred(self, u: Unit, deferred: list[Deferred]) -> None:
+        for write in list(deferred):
+            try:
+                write(u)
+            except Exception:
+                # A bug, not a state: drop that write (the transaction rolls back and the
+                # others move on to the next command) rather than fail every command after.
+                log.exception("a deferred write failed and was dropped")
+                deferred.remove(write)
+                raise
 
     def _once(
         self, caller: Caller, name: str, key: str | None, body: Callable[[Unit], dict[str, Any]]
@@ -401,17 +472,21 @@ class Commands:
             tasks.note_reply(task, run)
             self._save_task(u, task)
 
-    def begin_turn(self, run_id: str) -> bool:
-        """The provider turn begins now: that moment is the run's ``startedAt``."""
-        with self.unit() as u:
-            run = u.need(Run, run_id, "run")
-            if run.status != RunStatus.RUNNING:
-                return False
-            run.started_at = now()
-            u.save(run)
-            return True
+    def begin_turn(self, run_id: str) -> None:
+        """The provider turn begins now: that moment becomes the run's ``startedAt``
+        (dispatch set a first one). Deferred (``_later``); the runtime read the run as
+        running just before, and the write does nothing if it ended meanwhile."""
+        at = now()
 
-    def run_guard(self, u: Unit, run_id: str | None) -> Run | None:
+        def write(u: Unit) -> None:
+            run = u.load(Run, run_id)
+            if run is not None and run.status == RunStatus.RUNNING:
+                run.started_at = at
+                u.save(run)
+
+        self._later(write)
+
+    def run_guard(self, u: View, run_id: str | None) -> Run | None:
         """Tools called from a run act only while it runs: a cancelled run's late actions
         must change nothing."""
         run = u.load(Run, run_id)
@@ -419,20 +494,43 @@ class Commands:
             raise Conflict(f"run {run.id} has ended ({run.status})", code="run_ended")
         return run
 
-    def say(self, caller: Caller, text: str) -> str:
-        """An assistant message written during the caller's run."""
-        with self.unit() as u:
-            self.run_guard(u, caller.run_id)
-            thread = u.need(Thread, caller.thread_id or "", "thread")
-            return self._message(u, thread, "assistant", text, run_id=caller.run_id).id
+    def say(self, caller: Caller, text: str) -> None:
+        """An assistant message written during the caller's run (deferred, ``_later``)."""
+
+        def write(u: Unit) -> None:
+            thread = self._turn_thread(u, caller)
+            if thread is not None:
+                self._message(u, thread, "assistant", text, run_id=caller.run_id)
+
+        self._turn_write(caller, write)
 
     def set_state(self, caller: Caller, state: dict[str, Any]) -> None:
-        """Replace a thread's provider state (the script's fired rules and action ids)."""
-        with self.unit() as u:
+        """Replace a thread's provider state (the script's fired rules and action ids);
+        deferred (``_later``)."""
+
+        def write(u: Unit) -> None:
+            thread = self._turn_thread(u, caller)
+            if thread is not None:
+                thread.state = state
+                u.save(thread)
+
+        self._turn_write(caller, write)
+
+    def _turn_write(self, caller: Caller, write: Deferred) -> None:
+        """Refuse a write of an ended run at once (a snapshot read, no write lock), else
+        defer it. Deferred writes never end runs, so the snapshot needs no flush."""
+        with self.store.read() as reader:
+            u = View(reader, self.environment_id)
             self.run_guard(u, caller.run_id)
-            thread = u.need(Thread, caller.thread_id or "", "thread")
-            thread.state = state
-            u.save(thread)
+            u.need(Thread, caller.thread_id or "", "thread")
+        self._later(write)
+
+    def _turn_thread(self, u: Unit, caller: Caller) -> Thread | None:
+        """The caller's thread, if its run still runs (checked again when applied)."""
+        run = u.load(Run, caller.run_id)
+        if run is not None and run.status != RunStatus.RUNNING:
+            return None
+        return u.load(Thread, caller.thread_id)
 
     # ------------------------------------------------------------------ reconcile
 
@@ -464,7 +562,7 @@ class Commands:
             if task.work_state != state:
                 task.work_state = state
                 self._save_task(u, task)
-        busy = bool(active) or bool(u.query(Item, limit=1, thread_id=thread.id, status=ItemStatus.RUNNING))
+        busy = bool(active) or u.reader.count(Item, thread_id=thread.id, status=ItemStatus.RUNNING) > 0
         self._note_child_active(u, thread, busy)  # before the answer: its event carries it
         if settled and not thread.cancelled and (thread.pending_answer_run_id or task):
             answer = u.load(Run, thread.pending_answer_run_id)
@@ -588,7 +686,9 @@ class Commands:
             u.save(run)
             u.emit("run.folded", run_view(run), thread_id=parent.id, run_id=run.id)
             message = u.need(Message, run.trigger["messageIds"][0], "message")
-            message.text = tasks.wake_text(u.need(Task, t, "task") for t in task_ids)
+            # Appended, not rebuilt from every folded task: their parts never change (each
+            # is terminal), and decoding them all made a big fan-in quadratic.
+            message.text = f"{message.text}\n\n{tasks.wake_text([task])}"
             message.source = {"kind": Trigger.DELEGATED_TASK, "taskIds": task_ids}
             u.save(message)
             u.emit("message.updated", message_view(message), thread_id=parent.id, run_id=run.id)
@@ -853,13 +953,20 @@ class Commands:
             self._start_item(u, item, "process.start" if spawn else None)
             return item_view(item)
 
-    def process_spawned(self, item_id: str, pid: int, pid_start: str | None) -> bool:
-        """Record the pid; False when the item was cancelled meanwhile (kill it)."""
-        with self.unit() as u:
-            item = u.need(Item, item_id, "background item")
+    def process_spawned(self, item_id: str, pid: int, pid_start: str | None) -> None:
+        """Record the pid (deferred, ``_later``: the pid file the spawn wrote already tells
+        a restart that it ran). An item that ended meanwhile gets its process killed."""
+
+        def write(u: Unit) -> None:
+            item = u.load(Item, item_id)
+            if item is None:
+                return
             item.pid, item.pid_start = pid, pid_start
             u.save(item)
-            return item.is_running
+            if not item.is_running:
+                u.outbox("process.kill", {"itemId": item.id}, item.thread_id)
+
+        self._later(write)
 
     def process_ended(
         self,
@@ -1106,16 +1213,29 @@ class Commands:
                 u.save(task)
 
     def apply_remote(self, environment_id: str, seq: int, view: dict[str, Any]) -> bool:
-        """A task event from a peer's feed, applied exactly once: the cursor moves in the
-        same transaction, and a task already terminal here takes no more news (G3, G7)."""
+        """One task event from a peer's feed (see ``apply_remote_chunk``)."""
+        return self.apply_remote_chunk(environment_id, [(seq, view)]) == 1
+
+    def apply_remote_chunk(self, environment_id: str, events: list[tuple[int, dict[str, Any]]]) -> int:
+        """Task events from a peer's feed, in feed order, each applied exactly once: the
+        cursor moves in the same transaction, and a task already terminal here takes no
+        more news (G3, G7). One transaction for a whole received chunk: results that arrive
+        together fold into one wake, as local ones ending in one command do. Returns how
+        many were new."""
         with self.unit() as u:
             link = u.load(Link, environment_id)
-            if link is None or (link.cursor is not None and seq <= int(link.cursor)):
-                return False
-            link.cursor = str(seq)
-            u.save(link)
-            self._mirror(u, environment_id, view)
-            return True
+            if link is None:
+                return 0
+            applied = 0
+            for seq, view in events:
+                if link.cursor is not None and seq <= int(link.cursor):
+                    continue
+                link.cursor = str(seq)
+                self._mirror(u, environment_id, view)
+                applied += 1
+            if applied:
+                u.save(link)
+            return applied
 
     def _mirror(self, u: Unit, environment_id: str, view: dict[str, Any]) -> None:
         task = u.load(Task, view.get("taskId"))

@@ -161,6 +161,7 @@ class Runtime:
         self._started = False
         if self._retry is not None:
             self._retry.cancel()
+        self.commands.flush()  # what running turns said and kept is not lost on a clean stop
         own = (self._timer_task, self._housekeeping, self._drain_task, *self._turns.values())
         tasks = [t for t in own if t]
         for task in tasks:
@@ -277,8 +278,7 @@ class Runtime:
             ids = run.trigger.get("messageIds", [])
             inputs = [m for m in reader.find(Message, run_id=run.id) if m.id in ids]
             first = reader.find(Message, limit=1, thread_id=thread.id)
-        if not self.commands.begin_turn(run_id):
-            return
+        self.commands.begin_turn(run_id)  # the snapshot above saw it running
         provider = self.providers[thread.provider]
         turn = Turn(self, thread, run, inputs, first[0] if first else None)
         status, reply, error = RunStatus.COMPLETED, None, None
@@ -312,11 +312,9 @@ class Runtime:
         if self.processes.spawned_before(item.id):
             return  # spawned before a crash; recovery already adopted or reported it
         pid, started = self.processes.spawn(item)
-        if self.commands.process_spawned(item.id, pid, started):
-            item.pid = pid
-            self.processes.watch(item, pid)
-        else:
-            self.processes.kill(item.id, pid, "cancelled")
+        self.commands.process_spawned(item.id, pid, started)
+        item.pid = pid
+        self.processes.watch(item, pid)
 
     def _kill(self, row: OutboxRow) -> None:
         with self.store.read() as reader:

@@ -3,11 +3,11 @@
 A link is one-way: this environment (the origin) opens every connection to the peer (the
 destination), which may sit behind NAT. Per link, two tasks run:
 
-- the **follower** streams the peer's event feed from the stored cursor and applies every
-  task event in one transaction with the cursor move, so a duplicate or replayed event
-  changes nothing and an outage only delays (G3, G7). A stream that stays silent longer
-  than a few keepalive periods is treated as dead, so a blackholed connection is dropped
-  and retried instead of hanging.
+- the **follower** streams the peer's event feed from the stored cursor and applies the
+  task events of each received chunk in one transaction with the cursor move, so a
+  duplicate or replayed event changes nothing and an outage only delays (G3, G7). A
+  stream that stays silent longer than a few keepalive periods is treated as dead, so a
+  blackholed connection is dropped and retried instead of hanging.
 - the **pusher** delivers calls the peer must receive even if it is down right now
   (creating a remote child, cancelling one). They are durable marks on the task
   (``remote_pending``), retried at most 1 s apart until the peer answers.
@@ -81,6 +81,24 @@ def _error(response: httpx.Response) -> TetherError:
     if response.status_code == 403:
         error.status = 403
     return error
+
+
+def _sse_events(buffer: str) -> tuple[list[tuple[int, dict[str, Any]]], str]:
+    """The complete events in ``buffer`` of Server-Sent Events (a frame ends with a blank
+    line), as ``(id, data)``, and the incomplete rest to prepend to the next chunk. Frames
+    without an id or data (keepalive comments) are skipped."""
+    *frames, rest = buffer.replace("\r\n", "\n").split("\n\n")
+    events = []
+    for frame in frames:
+        event_id, data = None, []
+        for line in frame.split("\n"):
+            if line.startswith("id:"):
+                event_id = line[3:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].strip())
+        if data and event_id is not None:
+            events.append((int(event_id), json.loads("\n".join(data))))
+    return events, rest
 
 
 class Peer:
@@ -183,21 +201,23 @@ class Peer:
                 raise _error(response)
             self._status("ok", None)
             self.kick()  # a (re)connected peer may have pending calls for it
-            event_id, data = None, []
-            async for line in response.aiter_lines():
-                if line.startswith("id:"):
-                    event_id = line[3:].strip()
-                elif line.startswith("data:"):
-                    data.append(line[5:].strip())
-                elif line == "" and data and event_id is not None:
-                    self._apply(int(event_id), json.loads("\n".join(data)))
-                    self._seen = event_id
-                    event_id, data = None, []
+            rest = ""
+            async for text in response.aiter_text():
+                events, rest = _sse_events(rest + text)
+                if events:
+                    self._apply(events)
+                    self._seen = str(events[-1][0])
         raise httpx.StreamError("the peer closed the event stream")
 
-    def _apply(self, seq: int, event: dict[str, Any]) -> None:
-        if event["type"].startswith("task.") and isinstance(event.get("data"), dict):
-            self.commands.apply_remote(self.environment_id, seq, event["data"])
+    def _apply(self, events: list[tuple[int, dict[str, Any]]]) -> None:
+        """The task events of one received chunk, in one transaction with the cursor."""
+        news = [
+            (seq, event["data"])
+            for seq, event in events
+            if event["type"].startswith("task.") and isinstance(event.get("data"), dict)
+        ]
+        if news:
+            self.commands.apply_remote_chunk(self.environment_id, news)
 
     # ------------------------------------------------------------------ durable pushes
 

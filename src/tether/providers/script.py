@@ -9,6 +9,7 @@ starts: it is saved before the first action runs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -44,8 +45,11 @@ class ScriptFailure(Exception):
     """A ``fail`` action."""
 
 
+@functools.lru_cache(maxsize=64)
 def parse_script(text: str) -> dict[str, Any]:
-    """Parse and check a script; the error says what is wrong and where."""
+    """Parse and check a script; the error says what is wrong and where. Cached: a thread's
+    script (its first message) is read again on every turn, and a fan-out parent's is big;
+    callers only read the result."""
     try:
         script = json.loads(text)
     except ValueError:

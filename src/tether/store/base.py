@@ -170,6 +170,10 @@ class Transaction(Reader):
 
 
 class Store(ABC):
+    #: Read-write transactions committed since the store was opened. A backend counts its
+    #: commits here; benchmarks report them per task (``GET /api/stats``).
+    commits: int = 0
+
     @abstractmethod
     def transaction(self) -> AbstractContextManager[Transaction]:
         """A read-write transaction: commits on normal exit, rolls back on an exception."""

@@ -228,6 +228,7 @@ class SQLiteStore(Store):
     def transaction(self) -> Iterator[Transaction]:
         with self._begin("BEGIN IMMEDIATE"):
             yield _SQLiteTransaction(self._conn)
+        self.commits += 1
 
     @contextmanager
     def read(self) -> Iterator[Reader]:
