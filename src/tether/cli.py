@@ -357,18 +357,29 @@ def token_revoke(
 
 @link_app.command("add")
 def link_add(
-    peer_url: str = typer.Argument(..., help="URL of the environment to link to."),
-    peer_token: str = typer.Option(..., "--token", help="A link token minted there."),
-    label: str | None = typer.Option(None, "--label"),
+    peer_url: str = typer.Argument(..., help="URL of the environment (or A2A agent) to link to."),
+    peer_token: str | None = typer.Option(
+        None, "--token", help="A link token minted there (an A2A agent: its Bearer token, if any)."
+    ),
+    label: str | None = typer.Option(
+        None, "--label", "--name", help="The link's name (A2A: else the card's)."
+    ),
+    a2a: bool = typer.Option(False, "--a2a", help="PEER_URL is an A2A agent (its agent card answers there)."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow plain http to a public address."),
     url: str = UrlOpt,
     admin_token: str | None = typer.Option(None, "--admin-token", help="This environment's token."),
     data: Path | None = DataOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Link this environment to the one at PEER_URL."""
+    """Link this environment to the one at PEER_URL, or (--a2a) to the A2A agent there."""
     client = _client(url, admin_token, data)
-    body = {"url": peer_url, "token": peer_token, "label": label, "insecure": insecure}
+    body = {
+        "url": peer_url,
+        "token": peer_token,
+        "label": label,
+        "insecure": insecure,
+        "kind": "a2a" if a2a else "tether",
+    }
     result = _call(lambda: client.post("/api/links", body))
     _print_json(result) if as_json else out.print(f"linked to {result['name']} ({result['environmentId']})")
 
@@ -383,10 +394,11 @@ def link_list(
     if as_json:
         _print_json(result)
         return
-    table = Table("environment", "name", "label", "url", "status", "last error")
+    table = Table("environment", "kind", "name", "label", "url", "status", "last error")
     for link in result["links"]:
         table.add_row(
             link["environmentId"],
+            link.get("kind", "tether"),
             link["name"],
             link["label"] or "",
             link["url"],
