@@ -195,10 +195,11 @@ class A2APeer(Peer):
             client = await self._client()
             answers = [answer async for answer in client.send_message(send)]
         except (A2AClientError, Invalid) as error:
-            raise Unavailable(f"A2A agent {self.link.name} not reached: {error}", "unreachable") from None
+            raise self._unreachable(error) from None
         except A2AError as error:
             self.commands.remote_refused(task.id, f"A2A agent {self.link.name} refused the task: {error}")
             return
+        self._status("ok", None)
         answer = answers[-1] if answers else pb.StreamResponse()
         if answer.HasField("task"):
             self.commands.remote_sent(task.id, answer.task.context_id, answer.task.id)
@@ -220,10 +221,15 @@ class A2APeer(Peer):
                 client = await self._client()
                 await client.cancel_task(pb.CancelTaskRequest(id=task.remote_task_id))
             except (A2AClientError, Invalid) as error:
-                raise Unavailable(f"A2A agent {self.link.name} not reached: {error}", "unreachable") from None
+                raise self._unreachable(error) from None
             except A2AError as error:  # it ended on its own, or cannot be cancelled: nothing to ask
                 log.info("A2A agent %s did not cancel %s: %s", self.link.name, task.remote_task_id, error)
         self.commands.remote_sent(task.id)
+
+    def _unreachable(self, error: Exception) -> Unavailable:
+        """A call the pusher retries: the link shows why meanwhile (a refused token too)."""
+        self._status("unreachable", str(error) or type(error).__name__)
+        return Unavailable(f"A2A agent {self.link.name} not reached: {error}", "unreachable")
 
     # ------------------------------------------------------------------ following
 
@@ -232,8 +238,8 @@ class A2APeer(Peer):
         self._seed()
         while True:
             try:
-                await self._round()
-                self._status("ok", None)
+                if await self._round():
+                    self._status("ok", None)
             except (A2AClientError, Invalid, httpx.HTTPError) as error:
                 self._status("unreachable", str(error) or type(error).__name__)
             except A2AError as error:
@@ -274,8 +280,9 @@ class A2APeer(Peer):
                 if t.child_environment_id == self.environment_id and t.remote_task_id
             ]
 
-    async def _round(self) -> None:
-        clock = asyncio.get_running_loop().time()
+    async def _round(self) -> int:
+        """Read the contexts due for a read; how many were read."""
+        clock, read = asyncio.get_running_loop().time(), 0
         for context_id, read_at in list(self._watched.items()):
             tasks = self._context(context_id)
             if not self._worth_following(tasks):
@@ -286,8 +293,10 @@ class A2APeer(Peer):
             every = STREAM_RECHECK if streaming else POLL if open_ones else FOLLOW_UP_POLL
             if clock - read_at >= every:
                 await self._sync(context_id, tasks)
+                read += 1
             if open_ones and not streaming:
                 self._open_stream(context_id, open_ones[-1])
+        return read
 
     def _forget(self, context_id: str) -> None:
         self._watched.pop(context_id, None)
