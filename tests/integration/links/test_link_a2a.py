@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
+from a2a.client import ClientConfig, create_client
+from a2a.types import a2a_pb2 as pb
 from a2a_agent import AgentProcess
 from blackhole import BlackholeProxy
 from linkkit import (
@@ -137,11 +139,23 @@ def test_async_answer_then_late_follow_up_each_once(origin: Server, agent: Agent
     assert tasks[1]["taskId"] in woken[1]
 
 
-def test_the_web_page_shows_the_a2a_link(origin: Server, agent: AgentProcess) -> None:
+async def test_the_web_page_and_the_extended_card_show_the_a2a_link(
+    origin: Server, agent: AgentProcess
+) -> None:
     link = add_a2a_link(origin, agent.url)
     page = httpx.get(f"{origin.url}/environments", cookies={"tether_token": origin.token}, timeout=30)
     assert page.status_code == 200
     assert link["environmentId"] in page.text and "A2A agent" in page.text, page.text[:2000]
+
+    public = httpx.get(f"{origin.url}/.well-known/agent-card.json", timeout=30).json()
+    assert public["capabilities"]["extendedAgentCard"] is True
+    assert not [s for s in public["skills"] if s["id"].startswith("link:")]
+    for token, skills in ((origin.token, {f"link:{NAME}"}), (mint(origin, "a2a")["token"], set())):
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
+            client = await create_client(origin.url, ClientConfig(streaming=False, httpx_client=http))
+            card = await client.get_extended_agent_card(pb.GetExtendedAgentCardRequest())
+        assert {s.id for s in card.skills if s.id.startswith("link:")} == skills
+        assert card.name == "origin" and "script" in {s.id for s in card.skills}
 
 
 def test_an_agent_that_wants_a_token_refuses_a_link_without_it_nothing_flows(
