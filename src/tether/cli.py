@@ -371,15 +371,21 @@ def token_revoke(token_id: str, *, conn: Conn) -> None:
 @link_app.command("add")
 @connected(token_flag="--admin-token")
 def link_add(
-    peer_url: str = typer.Argument(..., help="URL of the environment to link to."),
-    peer_token: str = typer.Option(..., "--token", help="A link token minted there."),
-    label: str | None = typer.Option(None, "--label"),
+    peer_url: str = typer.Argument(..., help="URL of the environment (or A2A agent) to link to."),
+    peer_token: str | None = typer.Option(
+        None, "--token", help="A link token minted there (an A2A agent: its Bearer token, if any)."
+    ),
+    label: str | None = typer.Option(
+        None, "--label", "--name", help="The link's name (A2A: else the card's)."
+    ),
+    a2a: bool = typer.Option(False, "--a2a", help="PEER_URL is an A2A agent (its agent card answers there)."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow plain http to a public address."),
     *,
     conn: Conn,
 ) -> None:
-    """Link this environment to the one at PEER_URL."""
-    body = {"url": peer_url, "token": peer_token, "label": label, "insecure": insecure}
+    """Link this environment to the one at PEER_URL, or (--a2a) to the A2A agent there."""
+    kind = "a2a" if a2a else "tether"
+    body = {"url": peer_url, "token": peer_token, "label": label, "insecure": insecure, "kind": kind}
     result = conn.post("/api/links", body)
     conn.show(result, f"linked to {result['name']} ({result['environmentId']})")
 
@@ -389,10 +395,11 @@ def link_add(
 def link_list(*, conn: Conn) -> None:
     """List links with their reachability and last error."""
     result = conn.get("/api/links")
-    table = Table("environment", "name", "label", "url", "status", "last error")
+    table = Table("environment", "kind", "name", "label", "url", "status", "last error")
     for link in result["links"]:
         table.add_row(
             link["environmentId"],
+            link.get("kind", "tether"),
             link["name"],
             link["label"] or "",
             link["url"],

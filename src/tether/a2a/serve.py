@@ -33,7 +33,6 @@ from a2a.utils.constants import (
     TransportProtocol,
 )
 from a2a.utils.errors import (
-    ExtendedAgentCardNotConfiguredError,
     InvalidParamsError,
     InvalidRequestError,
     TaskNotCancelableError,
@@ -450,7 +449,20 @@ class TetherHandler(RequestHandler):
     async def on_get_extended_agent_card(
         self, params: pb.GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> pb.AgentCard:
-        raise ExtendedAgentCardNotConfiguredError("the public card is the whole card")
+        """The card for a caller who signed in: the public card, plus — for the admin, whose
+        tasks may use this environment's links — one skill per link (a tether environment or
+        an A2A agent) that a task here can delegate to."""
+        card = agent_card(self.env, context.state["tether.base_url"])
+        if _caller(context).kind == "admin":
+            for link in self.env.peers.list():
+                kind = "an A2A agent" if link["kind"] == "a2a" else "a tether environment"
+                card.skills.add(
+                    id=f"link:{link['name']}",
+                    name=f"delegate to {link['name']}",
+                    description=f"a task here may delegate to {link['name']} ({kind}, linked from here)",
+                    tags=["tether", "link", link["kind"]],
+                )
+        return card
 
 
 def _changes(before: pb.Task | None, now: pb.Task) -> list[Any]:
@@ -510,6 +522,7 @@ def agent_card(env: Environment, base_url: str) -> pb.AgentCard:
     card.provider.organization, card.provider.url = "tether", base_url
     card.capabilities.streaming = True
     card.capabilities.push_notifications = True
+    card.capabilities.extended_agent_card = True
     bindings = ((TransportProtocol.JSONRPC, JSONRPC_PATH), (TransportProtocol.HTTP_JSON, REST_PREFIX))
     for version in (PROTOCOL_VERSION_1_0, PROTOCOL_VERSION_0_3):  # 0.3 clients read the card too
         for binding, path in bindings:
@@ -535,6 +548,7 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
     def build(self, request: Request) -> ServerCallContext:
         context = super().build(request)
         context.state["tether.caller"] = request.scope["tether.caller"]
+        context.state["tether.base_url"] = str(request.base_url).rstrip("/")
         return context
 
 

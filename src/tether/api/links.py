@@ -69,7 +69,7 @@ async def revoke_link_token(token_id: str, who: Who, env: Env) -> dict[str, Any]
 @router.post("/api/links", status_code=201)
 async def add_link(body: LinkRequest, who: Who, env: Env) -> dict[str, Any]:
     _admin(who)
-    return await env.peers.add(body.url, body.token, body.label, body.insecure)
+    return await env.peers.add(body.url, body.token, body.label, body.insecure, body.kind)
 
 
 @router.get("/api/links")

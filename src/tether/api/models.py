@@ -47,6 +47,8 @@ class LinkTokenRequest(_Body):
 
 class LinkRequest(_Body):
     url: str = Field(min_length=1, max_length=2000)
-    token: str = Field(min_length=1, max_length=500)
+    #: Needed for a tether environment; an A2A agent may take none.
+    token: str | None = Field(default=None, min_length=1, max_length=500)
     label: str | None = Field(default=None, max_length=200)
     insecure: bool = False
+    kind: Literal["tether", "a2a"] = "tether"

@@ -218,6 +218,9 @@ class Task(Record):
     #: A2A push notification configs (SPEC §14), on the root task of an A2A context: every
     #: task of the context (its follow-ups too) is pushed to each.
     push: list[dict[str, Any]] = field(default_factory=list)
+    #: The remote task's id, for a child that is an A2A agent (SPEC §14): its own id there
+    #: (the A2A context id is ``child_thread_id``).
+    remote_task_id: str | None = None
 
     @property
     def is_open(self) -> bool:
@@ -250,6 +253,8 @@ class Link(Record):
     status: str = "ok"
     last_error: str | None = None
     cursor: str | None = None
+    #: "tether" (another environment: its API and event feed) or "a2a" (an A2A agent).
+    kind: str = "tether"
 
 
 @dataclass

@@ -87,6 +87,7 @@ def task_view(task: Task) -> dict[str, Any]:
         "deadlineAt": task.deadline_at,
         "onDeadline": task.on_deadline,
         "overdue": task.overdue,
+        "remoteTaskId": task.remote_task_id,
     }
 
 

@@ -1190,13 +1190,18 @@ class Commands:
                 send.status, send.result, send.error = ("failed" if error else "sent"), result, error
                 u.save(send)
 
-    def remote_sent(self, task_id: str, child_thread_id: str | None = None) -> None:
-        """The peer took the pending call; a created child's thread id is now known."""
+    def remote_sent(
+        self, task_id: str, child_thread_id: str | None = None, remote_task_id: str | None = None
+    ) -> None:
+        """The peer took the pending call; a created child's thread id (for an A2A agent:
+        its context id, and its own id of the task) is now known."""
         with self.unit() as u:
             task = u.need(Task, task_id, "task")
             task.remote_pending = None
             if child_thread_id and not task.child_thread_id:
                 task.child_thread_id = child_thread_id
+            if remote_task_id and not task.remote_task_id:
+                task.remote_task_id = remote_task_id
             self._save_task(u, task)
 
     def remote_refused(self, task_id: str, message: str) -> None:
@@ -1250,6 +1255,9 @@ class Commands:
             self._task_item(u, task, hold=False)
         if task.child_environment_id != environment_id or task.parent_environment_id != self.environment_id:
             return
+        self._mirror_into(u, task, view)
+
+    def _mirror_into(self, u: Unit, task: Task, view: dict[str, Any]) -> None:
         if not task.is_open:
             # Ended here already: only later progress (a persistent monitor's lines after
             # the result) and whether its child still has work still belong to it (G4, G5).
@@ -1262,6 +1270,36 @@ class Commands:
         else:
             self._save_task(u, task, "task.completed")
             self._task_ended(u, task)
+
+    def apply_a2a(
+        self, environment_id: str, remote_task_id: str, references: list[str], view: dict[str, Any]
+    ) -> None:
+        """A task of an A2A agent we delegated to, as it stands there (SPEC §14), applied to
+        ours. A task we do not know yet that references one of ours (same context,
+        ``referenceTaskIds``) is the agent's late answer: it becomes a follow-up, found again
+        by its remote id on every later read, so it is opened — and wakes the parent — once."""
+        with self.unit() as u:
+            ours = [
+                t
+                for t in u.query(Task, child_thread_id=view["childThreadId"])
+                if t.child_environment_id == environment_id
+                and t.parent_environment_id == self.environment_id
+                and t.remote_task_id
+            ]
+            known = {t.remote_task_id: t for t in ours}
+            task = known.get(remote_task_id)
+            if task is None:
+                referenced = next((known[r] for r in references if r in known), None)
+                root = referenced and u.load(Task, referenced.follow_up_of or referenced.id)
+                if root is None or root.status == TaskStatus.CANCELLED:
+                    return  # not an answer to us, or one the parent no longer wants
+                task = tasks.follow_up(root, new_id("tsk"), u.at)
+                task.remote_task_id = remote_task_id
+                root.follow_ups.append(task.id)
+                self._save_task(u, root)
+                self._save_task(u, task, "task.created")
+                self._task_item(u, task, hold=False)
+            self._mirror_into(u, task, view)
 
     def link_revoked(self, environment_id: str, message: str) -> int:
         """The peer refused our token. A child created with it can never be followed again

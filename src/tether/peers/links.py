@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from tether.a2a import available as a2a_available
 from tether.domain.records import Link, Send, Task
 from tether.errors import Conflict, Invalid, NotFound, TetherError, Unavailable
 from tether.ids import now
@@ -162,6 +163,7 @@ class Peer:
             "status": self.link.status,
             "lastError": self.link.last_error,
             "cursor": self.link.cursor,
+            "kind": self.link.kind,
         }
 
     # ------------------------------------------------------------------ following (G7)
@@ -412,7 +414,12 @@ class Peers:
         self.peers.clear()
 
     def _open(self, link: Link) -> Peer:
-        peer = Peer(self, link)
+        if link.kind == "a2a":
+            from tether.peers.a2a import A2APeer  # needs the optional a2a-sdk
+
+            peer: Peer = A2APeer(self, link)
+        else:
+            peer = Peer(self, link)
         self.peers[link.environment_id] = peer
         if self._started:
             peer.start()
@@ -438,9 +445,43 @@ class Peers:
         return found[0]
 
     async def add(
-        self, url: str, token: str, label: str | None = None, insecure: bool = False
+        self,
+        url: str,
+        token: str | None,
+        label: str | None = None,
+        insecure: bool = False,
+        kind: str = "tether",
     ) -> dict[str, Any]:
+        """Link to the tether environment at ``url`` (``kind`` "tether", with a token minted
+        there) or to the A2A agent there (``kind`` "a2a", named by its card unless ``label``
+        names it; its token, if it needs one, is sent as a Bearer token)."""
         url = check_url(url, insecure)
+        if kind == "a2a":
+            if not a2a_available():
+                raise Invalid("A2A links need the a2a extra: pip install 'tether[a2a]'")
+            from tether.peers.a2a import identity
+
+            environment_id, name = await identity(url, token, label)
+        elif kind == "tether" and token:
+            environment_id, name = await self._identity(url, token)
+        else:
+            raise Invalid("a link to a tether environment needs a link token minted there (--token)")
+        with self.env.store.transaction() as tx:
+            link = tx.get(Link, environment_id)
+            if link is None:
+                link = Link(environment_id, name, url, token or "", now(), label, kind=kind)
+            else:
+                link.name, link.url, link.token, link.label = name, url, token or "", label or link.label
+            link.status, link.last_error = "ok", None
+            tx.put(link)
+        old = self.peers.pop(environment_id, None)
+        if old is not None:
+            await old.close()
+        peer = self._open(link)
+        return peer.view()
+
+    async def _identity(self, url: str, token: str) -> tuple[str, str]:
+        """The tether environment at ``url``: its id and name, once it took the token."""
         async with httpx.AsyncClient(timeout=5.0) as client:
             try:
                 health = (await client.get(f"{url}/api/health")).json()
@@ -452,16 +493,4 @@ class Peers:
             probe = await client.get(f"{url}/api/threads", headers={"Authorization": f"Bearer {token}"})
             if probe.status_code == 401:
                 raise Invalid(f"{url} refused the token (unknown or revoked)")
-        with self.env.store.transaction() as tx:
-            link = tx.get(Link, environment_id)
-            if link is None:
-                link = Link(environment_id, name, url, token, now(), label)
-            else:
-                link.name, link.url, link.token, link.label = name, url, token, label or link.label
-            link.status, link.last_error = "ok", None
-            tx.put(link)
-        old = self.peers.pop(environment_id, None)
-        if old is not None:
-            await old.close()
-        peer = self._open(link)
-        return peer.view()
+        return environment_id, name

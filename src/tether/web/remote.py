@@ -83,7 +83,7 @@ async def all_threads(env: Any) -> tuple[list[dict[str, Any]], list[str]]:
     """Every linked environment's threads (as its fence shows them to us), and problems:
     a peer that does not answer is named, and its threads are the last ones it showed,
     each marked stale."""
-    links = list(env.peers.peers.values())
+    links = [p for p in env.peers.peers.values() if p.link.kind == "tether"]  # A2A agents show none
     answers = await asyncio.gather(*(threads(p) for p in links), return_exceptions=True)
     found: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -123,6 +123,8 @@ async def thread_summary(link: Peer, thread_id: str) -> dict[str, Any]:
 async def cursor_lag(link: Peer, timeout: float = TIMEOUT) -> int | None:
     """How many task events of the peer's feed lie past the cursor this environment has
     applied: read the feed from the cursor until its first keepalive. None: unknown."""
+    if link.link.kind != "tether":
+        return None  # an A2A agent has no event feed of ours to lag behind
     cursor = link.view().get("cursor") or "0"
     count = 0
     try:
@@ -155,7 +157,12 @@ async def fill_failures(env: Any, tasks: list[dict[str, Any]]) -> None:
     for task in tasks:
         result = task.get("result") or {}
         link = env.peers.peers.get(task.get("childEnvironmentId"))
-        if link is None or result.get("status") != "failed" or result.get("error"):
+        if (
+            link is None
+            or link.link.kind != "tether"
+            or result.get("status") != "failed"
+            or result.get("error")
+        ):
             continue
         if task["taskId"] not in _FAILURES:
             if link.link.status != "ok":

@@ -144,11 +144,12 @@ async def add_link(request: Request) -> Response:
     env = guard(request)
     form = await read_form(request)
     url, token = form.get("url", "").strip(), form.get("token", "").strip()
-    if not url or not token:
+    kind = "a2a" if form.get("kind") == "a2a" else "tether"
+    if not url or not (token or kind == "a2a"):
         raise Invalid("a link needs the URL of the other environment and a link token minted there")
     try:
         view = await env.peers.add(
-            url, token, form.get("label", "").strip() or None, form.get("insecure") == "1"
+            url, token or None, form.get("label", "").strip() or None, form.get("insecure") == "1", kind
         )
     except TetherError as error:
         error.message = _page_words(error.message)
