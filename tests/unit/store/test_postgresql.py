@@ -1,0 +1,104 @@
+"""The PostgreSQL backend against a real server: the store contract, plus what only this
+backend has (migrations under a lock, one writer across connections, the commit doorbell,
+records as JSON text beside their filter columns)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+from contract import StoreContract, run, thread
+
+from tether.domain.records import Thread
+from tether.domain.types import RunStatus
+from tether.store import open_store
+from tether.store.base import Store
+from tether.store.postgresql import PostgreSQLStore, schema
+from tether.store.postgresql.store import CHANNEL, WRITE_LOCK
+
+
+class TestPostgreSQLStore(StoreContract):
+    """``location`` is a database URL: one fresh database per test."""
+
+    def make_store(self, location: Any) -> Store:
+        return PostgreSQLStore(str(location))
+
+    @pytest.fixture
+    def location(self, pg_url: str) -> str:
+        return pg_url
+
+    def test_open_store_picks_postgresql_for_its_urls(self, location: str) -> None:
+        for url in (location, location.replace("postgresql://", "postgres://", 1)):
+            store = open_store(url)
+            try:
+                assert isinstance(store, PostgreSQLStore)
+            finally:
+                store.close()
+
+    def test_a_new_store_is_at_the_latest_schema_version(self, store: Store) -> None:
+        assert store.schema_version == len(schema.MIGRATIONS)
+
+    def test_stores_opened_together_migrate_once(self, location: str) -> None:
+        """Processes starting together on a new database: the migration lock lets one migrate."""
+        errors: list[BaseException] = []
+
+        def open_close() -> None:
+            try:
+                PostgreSQLStore(location).close()
+            except BaseException as error:
+                errors.append(error)
+
+        workers = [threading.Thread(target=open_close) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        assert errors == []
+        with psycopg.connect(location) as conn:
+            versions = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        assert versions == [(n,) for n in range(1, len(schema.MIGRATIONS) + 1)]
+
+    def test_a_write_transaction_holds_the_one_writer_lock(self, store: Store, location: str) -> None:
+        """One writer at a time across processes (SQLite's single writer): while a
+        transaction is open, another connection cannot take the write lock; after, it can."""
+        with psycopg.connect(location, autocommit=True) as other:
+            other.execute("SET lock_timeout = '200ms'")
+            with store.transaction() as tx:
+                tx.put(thread("thr_1"))
+                with pytest.raises(psycopg.errors.LockNotAvailable):
+                    other.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            with other.transaction():
+                other.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+
+    def test_a_commit_rings_the_doorbell_and_a_rollback_does_not(self, store: Store, location: str) -> None:
+        with psycopg.connect(location, autocommit=True) as listener:
+            listener.execute(f"LISTEN {CHANNEL}")
+            with pytest.raises(RuntimeError), store.transaction() as tx:
+                tx.put(thread("thr_0"))
+                raise RuntimeError("rolled back")
+            assert list(listener.notifies(timeout=0.2)) == []
+            with store.transaction() as tx:
+                tx.put(thread("thr_1"))
+            assert [n.channel for n in listener.notifies(timeout=5, stop_after=1)] == [CHANNEL]
+
+    def test_records_are_kept_as_json_beside_their_filter_columns(self, store: Store, location: str) -> None:
+        with store.transaction() as tx:
+            tx.put(run("run_1", "thr_1", 7, RunStatus.RUNNING))
+        with psycopg.connect(location) as conn:
+            row = conn.execute("SELECT thread_id, status, seq FROM runs WHERE id = 'run_1'").fetchone()
+        assert row == ("thr_1", "running", 7)
+
+    def test_a_dropped_connection_is_opened_again(self, store: Store, location: str) -> None:
+        with store.transaction() as tx:
+            tx.put(thread("thr_1"))
+        with psycopg.connect(location, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'tether' AND datname = current_database()"
+            )
+        with pytest.raises(psycopg.OperationalError), store.read() as reader:
+            reader.count(Thread)
+        with store.read() as reader:  # the next use connects again
+            assert reader.count(Thread) == 1
