@@ -170,6 +170,10 @@ class Transaction(Reader):
 
 
 class Store(ABC):
+    #: Whether other processes may serve the same store at once (PostgreSQL, SPEC §12): then
+    #: the environment's shared secrets live in it, and side effects are claimed with leases.
+    shared: bool = False
+
     @abstractmethod
     def transaction(self) -> AbstractContextManager[Transaction]:
         """A read-write transaction: commits on normal exit, rolls back on an exception."""
