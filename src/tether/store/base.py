@@ -168,6 +168,25 @@ class Transaction(Reader):
     @abstractmethod
     def set_meta(self, key: str, value: str) -> None: ...
 
+    # Shared stores only (``Store.shared``: several processes serve one environment).
+
+    def claim_outbox(self, member: str, now: float, lease: float, limit: int = 200) -> list[OutboxRow]:
+        """Claim due, unparked rows for process ``member`` until ``now + lease``, in order:
+        rows no live process holds (unclaimed, lease run out, or ``member``'s own) and that
+        are for any process or for ``member`` (a payload's ``member``). A row stays
+        claimed until removed or failed; a process that dies loses it when the lease ends."""
+        raise NotImplementedError(f"{type(self).__name__} is not shared by several processes")
+
+    def beat(self, member: str, now: float, lease: float) -> list[str]:
+        """Process ``member`` is alive until ``now + lease``; returns the other processes
+        whose lease has run out (gone for good, their work to recover)."""
+        raise NotImplementedError(f"{type(self).__name__} is not shared by several processes")
+
+    def forget_member(self, member: str) -> None:
+        """Process ``member`` was recovered: drop it and the rows only it could carry out
+        (stopping its turns, killing its processes — gone with it)."""
+        raise NotImplementedError(f"{type(self).__name__} is not shared by several processes")
+
 
 class Store(ABC):
     #: Whether other processes may serve the same store at once (PostgreSQL, SPEC §12): then

@@ -72,16 +72,22 @@ class TestPostgreSQLStore(StoreContract):
             with other.transaction():
                 other.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
 
-    def test_a_commit_rings_the_doorbell_and_a_rollback_does_not(self, store: Store, location: str) -> None:
+    def test_a_commit_with_events_rings_the_doorbell_once(self, store: Store, location: str) -> None:
+        """Rolled back, or no events (a claim, a heartbeat): nobody is rung."""
         with psycopg.connect(location, autocommit=True) as listener:
             listener.execute(f"LISTEN {CHANNEL}")
             with pytest.raises(RuntimeError), store.transaction() as tx:
-                tx.put(thread("thr_0"))
+                tx.append_event("x", {})
                 raise RuntimeError("rolled back")
-            assert list(listener.notifies(timeout=0.2)) == []
             with store.transaction() as tx:
-                tx.put(thread("thr_1"))
+                tx.put(thread("thr_0"))
+                tx.beat("mbr_a", 0.0, 10.0)
+            assert list(listener.notifies(timeout=0.3)) == []
+            with store.transaction() as tx:
+                tx.append_event("x", {})
+                tx.append_event("y", {})
             assert [n.channel for n in listener.notifies(timeout=5, stop_after=1)] == [CHANNEL]
+            assert list(listener.notifies(timeout=0.3)) == [], "one ring per commit"
 
     def test_records_are_kept_as_json_beside_their_filter_columns(self, store: Store, location: str) -> None:
         with store.transaction() as tx:

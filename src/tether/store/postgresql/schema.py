@@ -60,4 +60,14 @@ MIGRATIONS: list[str] = [
     CREATE TABLE requests (scope TEXT NOT NULL, key TEXT NOT NULL, response TEXT NOT NULL,
                            PRIMARY KEY (scope, key));
     """,
+    # 2: several processes on one database (SPEC §12): the processes and when each counts
+    #    as gone; outbox rows claimed with a lease, and the process a row is for (stopping
+    #    a turn or killing a process can only be done where it runs).
+    """
+    CREATE TABLE members (id TEXT PRIMARY KEY, until DOUBLE PRECISION NOT NULL);
+    ALTER TABLE outbox ADD COLUMN member TEXT;
+    ALTER TABLE outbox ADD COLUMN claimed_by TEXT;
+    ALTER TABLE outbox ADD COLUMN claimed_until DOUBLE PRECISION NOT NULL DEFAULT 0;
+    CREATE INDEX outbox_member ON outbox(member);
+    """,
 ]

@@ -15,8 +15,10 @@ commit), and a transaction at READ COMMITTED sees everything committed before it
 the lock: there are no serialization failures to retry. Per-thread locks are the step
 after this one (see docs/architecture.md).
 
-**Doorbell.** Every write transaction sends ``NOTIFY`` on :data:`CHANNEL`, delivered
-only if it commits; other processes listening there re-read the store (the truth).
+**Doorbell.** A write transaction that appends events sends ``NOTIFY`` on :data:`CHANNEL`,
+delivered only if it commits; other processes listening there (:meth:`PostgreSQLStore.rings`)
+read the events after the last they saw (the store is the truth). Claims and heartbeats
+append no events, so they ring nobody.
 
 Reads are ``REPEATABLE READ READ ONLY`` snapshots: no lock, whole commands only.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -141,6 +143,10 @@ class _PGReader(Reader):
 
 
 class _PGTransaction(_PGReader, Transaction):
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        super().__init__(conn)
+        self._rang = False
+
     def put(self, record: Record) -> None:
         table = TABLES[type(record)]
         names = (table.key, *table.columns)
@@ -163,6 +169,9 @@ class _PGTransaction(_PGReader, Transaction):
         task_id: str | None = None,
         token_id: str | None = None,
     ) -> int:
+        if not self._rang:
+            self._conn.execute(f"NOTIFY {CHANNEL}")  # delivered at commit, once per transaction
+            self._rang = True
         row = self._one(
             "INSERT INTO events (type, at, thread_id, run_id, task_id, token_id, data) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING seq",
@@ -172,8 +181,8 @@ class _PGTransaction(_PGReader, Transaction):
 
     def add_outbox(self, kind: str, payload: dict[str, Any], thread_id: str | None = None) -> int:
         row = self._one(
-            "INSERT INTO outbox (kind, payload, thread_id) VALUES (%s, %s, %s) RETURNING id",
-            (kind, _dumps(payload), thread_id),
+            "INSERT INTO outbox (kind, payload, thread_id, member) VALUES (%s, %s, %s, %s) RETURNING id",
+            (kind, _dumps(payload), thread_id, payload.get("member")),
         )
         return int(row[0]) if row else 0
 
@@ -181,11 +190,39 @@ class _PGTransaction(_PGReader, Transaction):
         self._conn.execute("DELETE FROM outbox WHERE id = %s", (row_id,))
 
     def fail_outbox(self, row_id: int, error: str, retry_at: float | None) -> None:
+        """The claim ends with the attempt: any process may retry the row when it is due."""
         self._conn.execute(
-            "UPDATE outbox SET attempts = attempts + 1, last_error = %s, retry_at = %s, parked = %s "
-            "WHERE id = %s",
+            "UPDATE outbox SET attempts = attempts + 1, last_error = %s, retry_at = %s, parked = %s, "
+            "claimed_by = NULL, claimed_until = 0 WHERE id = %s",
             (error, retry_at or 0, retry_at is None, row_id),
         )
+
+    def claim_outbox(self, member: str, now: float, lease: float, limit: int = 200) -> list[OutboxRow]:
+        rows = self._conn.execute(
+            "UPDATE outbox SET claimed_by = %(member)s, claimed_until = %(until)s WHERE id IN ("
+            " SELECT id FROM outbox WHERE NOT parked AND retry_at <= %(now)s"
+            " AND (member IS NULL OR member = %(member)s)"
+            " AND (claimed_by IS NULL OR claimed_by = %(member)s OR claimed_until < %(now)s)"
+            " ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+            f" RETURNING {_OUTBOX_COLUMNS}",
+            {"member": member, "until": now + lease, "now": now, "limit": limit},
+        ).fetchall()
+        return sorted((_outbox_row(row) for row in rows), key=lambda r: r.id)
+
+    def beat(self, member: str, now: float, lease: float) -> list[str]:
+        self._conn.execute(
+            "INSERT INTO members (id, until) VALUES (%s, %s) "
+            "ON CONFLICT (id) DO UPDATE SET until = excluded.until",
+            (member, now + lease),
+        )
+        rows = self._conn.execute(
+            "SELECT id FROM members WHERE until < %s AND id <> %s ORDER BY id", (now, member)
+        )
+        return [row[0] for row in rows]
+
+    def forget_member(self, member: str) -> None:
+        self._conn.execute("DELETE FROM outbox WHERE member = %s", (member,))
+        self._conn.execute("DELETE FROM members WHERE id = %s", (member,))
 
     def put_request(self, scope: str, key: str, response: dict[str, Any]) -> None:
         self._conn.execute(
@@ -264,9 +301,7 @@ class PostgreSQLStore(Store):
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
-        with self._begin(
-            "BEGIN", f"SELECT pg_advisory_xact_lock({WRITE_LOCK})", f"NOTIFY {CHANNEL}"
-        ):
+        with self._begin("BEGIN", f"SELECT pg_advisory_xact_lock({WRITE_LOCK})"):
             yield _PGTransaction(self._conn)
 
     @contextmanager
@@ -293,6 +328,17 @@ class PostgreSQLStore(Store):
     def prune_events(self, before: str) -> int:
         self._own()
         return self._conn.execute("DELETE FROM events WHERE at < %s", (before,)).rowcount
+
+    async def rings(self, every: float) -> AsyncIterator[None]:
+        """Yield after each commit of any process that appended events, and at least every
+        ``every`` seconds (a missed notification only delays). Its own connection, used for
+        nothing but listening."""
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+            await conn.execute(f"LISTEN {CHANNEL}")
+            while True:
+                async for _ in conn.notifies(timeout=every, stop_after=1):
+                    pass
+                yield
 
     def close(self) -> None:
         self._own()
