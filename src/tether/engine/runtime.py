@@ -459,17 +459,20 @@ class Runtime:
         """Wake this process's waiters for what other processes committed; look at the
         outbox and the timers again (new rows, leases that ran out, deadlines)."""
         polled = time.monotonic()
-        async for _ in self.store.rings(POLL):  # type: ignore[attr-defined]
-            if self._caught_up():
+        async for rung in self.store.rings(POLL):  # type: ignore[attr-defined]
+            if "events" in rung:
+                self._caught_up()
+            if "outbox" in rung:
                 self._kick()
             if time.monotonic() - polled >= POLL:
+                self._caught_up()
                 polled = time.monotonic()
                 self._kick()
                 self._seed_timers()
                 self._timer_wakeup.set()
 
-    def _caught_up(self) -> bool:
-        """Notify the keys of every event after ``_seen``; whether there were any."""
+    def _caught_up(self) -> None:
+        """Notify the keys of every event after ``_seen``."""
         keys: set[str] = set()
         while events := self.store.events_after(self._seen, 1000):
             for event in events:
@@ -480,7 +483,6 @@ class Runtime:
             self._seen = events[-1].seq
             keys.add("events")
         self.notifier.notify(keys)
-        return bool(keys)
 
 
 def _member_id(data_dir: Path) -> str:

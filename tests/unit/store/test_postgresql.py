@@ -72,8 +72,9 @@ class TestPostgreSQLStore(StoreContract):
             with other.transaction():
                 other.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
 
-    def test_a_commit_with_events_rings_the_doorbell_once(self, store: Store, location: str) -> None:
-        """Rolled back, or no events (a claim, a heartbeat): nobody is rung."""
+    def test_a_commit_rings_the_doorbell_with_what_it_wrote(self, store: Store, location: str) -> None:
+        """Once per kind and commit; rolled back, or neither events nor outbox rows (a
+        claim, a heartbeat): nobody is rung."""
         with psycopg.connect(location, autocommit=True) as listener:
             listener.execute(f"LISTEN {CHANNEL}")
             with pytest.raises(RuntimeError), store.transaction() as tx:
@@ -82,12 +83,15 @@ class TestPostgreSQLStore(StoreContract):
             with store.transaction() as tx:
                 tx.put(thread("thr_0"))
                 tx.beat("mbr_a", 0.0, 10.0)
+                tx.claim_outbox("mbr_a", 0.0, 10.0)
             assert list(listener.notifies(timeout=0.3)) == []
             with store.transaction() as tx:
                 tx.append_event("x", {})
+                tx.add_outbox("run.execute", {"runId": "run_1"})
                 tx.append_event("y", {})
-            assert [n.channel for n in listener.notifies(timeout=5, stop_after=1)] == [CHANNEL]
-            assert list(listener.notifies(timeout=0.3)) == [], "one ring per commit"
+            rung = [(n.channel, n.payload) for n in listener.notifies(timeout=5, stop_after=2)]
+            assert sorted(rung) == [(CHANNEL, "events"), (CHANNEL, "outbox")]
+            assert list(listener.notifies(timeout=0.3)) == [], "once per commit"
 
     def test_records_are_kept_as_json_beside_their_filter_columns(self, store: Store, location: str) -> None:
         with store.transaction() as tx:

@@ -15,10 +15,11 @@ commit), and a transaction at READ COMMITTED sees everything committed before it
 the lock: there are no serialization failures to retry. Per-thread locks are the step
 after this one (see docs/architecture.md).
 
-**Doorbell.** A write transaction that appends events sends ``NOTIFY`` on :data:`CHANNEL`,
-delivered only if it commits; other processes listening there (:meth:`PostgreSQLStore.rings`)
-read the events after the last they saw (the store is the truth). Claims and heartbeats
-append no events, so they ring nobody.
+**Doorbell.** A write transaction that appends events or adds outbox rows sends ``NOTIFY``
+on :data:`CHANNEL` (payload ``events`` / ``outbox``), delivered only if it commits; other
+processes listening there (:meth:`PostgreSQLStore.rings`) read the events after the last
+they saw, or look at the outbox (the store is the truth). Claims and heartbeats write
+neither, so they ring nobody.
 
 Reads are ``REPEATABLE READ READ ONLY`` snapshots: no lock, whole commands only.
 """
@@ -145,7 +146,13 @@ class _PGReader(Reader):
 class _PGTransaction(_PGReader, Transaction):
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         super().__init__(conn)
-        self._rang = False
+        self._rang: set[str] = set()
+
+    def _ring(self, what: str) -> None:
+        """Tell the other processes, at commit, that this transaction wrote ``what``."""
+        if what not in self._rang:
+            self._conn.execute(f"NOTIFY {CHANNEL}, '{what}'")
+            self._rang.add(what)
 
     def put(self, record: Record) -> None:
         table = TABLES[type(record)]
@@ -169,9 +176,7 @@ class _PGTransaction(_PGReader, Transaction):
         task_id: str | None = None,
         token_id: str | None = None,
     ) -> int:
-        if not self._rang:
-            self._conn.execute(f"NOTIFY {CHANNEL}")  # delivered at commit, once per transaction
-            self._rang = True
+        self._ring("events")
         row = self._one(
             "INSERT INTO events (type, at, thread_id, run_id, task_id, token_id, data) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING seq",
@@ -180,6 +185,7 @@ class _PGTransaction(_PGReader, Transaction):
         return int(row[0]) if row else 0
 
     def add_outbox(self, kind: str, payload: dict[str, Any], thread_id: str | None = None) -> int:
+        self._ring("outbox")
         row = self._one(
             "INSERT INTO outbox (kind, payload, thread_id, member) VALUES (%s, %s, %s, %s) RETURNING id",
             (kind, _dumps(payload), thread_id, payload.get("member")),
@@ -329,16 +335,19 @@ class PostgreSQLStore(Store):
         self._own()
         return self._conn.execute("DELETE FROM events WHERE at < %s", (before,)).rowcount
 
-    async def rings(self, every: float) -> AsyncIterator[None]:
-        """Yield after each commit of any process that appended events, and at least every
-        ``every`` seconds (a missed notification only delays). Its own connection, used for
-        nothing but listening."""
+    async def rings(self, every: float) -> AsyncIterator[set[str]]:
+        """What other processes' commits wrote (``events``, ``outbox``), as they commit —
+        an empty set at least every ``every`` seconds (a missed notification only delays).
+        Its own connection, used for nothing but listening; this store's own commits are
+        left out (its process knows them)."""
         async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
             await conn.execute(f"LISTEN {CHANNEL}")
             while True:
-                async for _ in conn.notifies(timeout=every, stop_after=1):
-                    pass
-                yield
+                rung: set[str] = set()
+                async for note in conn.notifies(timeout=every, stop_after=1):
+                    if note.pid != self._conn.info.backend_pid:
+                        rung.add(note.payload)
+                yield rung
 
     def close(self) -> None:
         self._own()
