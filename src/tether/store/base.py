@@ -7,9 +7,10 @@ reader sees half a command.
 
 The interface is synchronous on purpose. Commands are short functions over a
 transaction; SQLite runs them inline on the event loop in well under a millisecond, and
-a backend with network round trips (PostgreSQL) would run the same function in a worker
-thread. Every backend must pass ``tests/unit/store/contract.py`` (it subclasses
-``StoreContract`` in its own ``test_<backend>.py``).
+PostgreSQL on the loop too, over one connection the loop's thread owns (round trips of a
+fraction of a millisecond on loopback; more capacity comes from more processes, SPEC §12).
+Every backend must pass ``tests/unit/store/contract.py`` (it subclasses ``StoreContract``
+in its own ``test_<backend>.py``).
 
 **One owner.** A store belongs to the thread that opened it (the event loop's thread in a
 server) and refuses — with :class:`ForeignThread`, at once — any use from another thread,
