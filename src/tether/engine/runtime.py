@@ -426,7 +426,6 @@ class Runtime:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._timer_wakeup.wait(), wait)
 
-
     # ------------------------------------------------------------------ several processes
 
     async def _heartbeat(self) -> None:
@@ -459,7 +458,7 @@ class Runtime:
         """Wake this process's waiters for what other processes committed; look at the
         outbox and the timers again (new rows, leases that ran out, deadlines)."""
         polled = time.monotonic()
-        async for rung in self.store.rings(POLL):  # type: ignore[attr-defined]
+        async for rung in self.store.rings(POLL):
             if "events" in rung:
                 self._caught_up()
             if "outbox" in rung:

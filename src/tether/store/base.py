@@ -25,6 +25,7 @@ entirely or not at all (G2).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -212,6 +213,11 @@ class Store(ABC):
     @abstractmethod
     def prune_events(self, before: str) -> int:
         """Drop events older than ``before`` (the retention period); returns how many."""
+
+    def rings(self, every: float) -> AsyncIterator[set[str]]:
+        """Shared stores: what other processes' commits wrote (``events``, ``outbox``), as
+        they commit, and an empty set at least every ``every`` seconds."""
+        raise NotImplementedError(f"{type(self).__name__} is not shared by several processes")
 
     @abstractmethod
     def close(self) -> None: ...

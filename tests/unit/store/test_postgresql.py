@@ -112,3 +112,51 @@ class TestPostgreSQLStore(StoreContract):
             reader.count(Thread)
         with store.read() as reader:  # the next use connects again
             assert reader.count(Thread) == 1
+
+    # ------------------------------------------------------------------ several processes
+
+    def test_claimed_rows_are_not_handed_to_another_process_until_the_lease_ends(
+        self, store: Store, location: str
+    ) -> None:
+        other = self.make_store(location)
+        try:
+            with store.transaction() as tx:
+                ids = [tx.add_outbox("run.execute", {"runId": f"run_{n}"}) for n in range(3)]
+                assert [r.id for r in tx.claim_outbox("mbr_a", 100.0, 10.0, limit=2)] == ids[:2]
+            with other.transaction() as tx:
+                assert [r.id for r in tx.claim_outbox("mbr_b", 105.0, 10.0)] == ids[2:], "a's are held"
+            with other.transaction() as tx:  # a process that comes back (same member) takes its own
+                assert [r.id for r in tx.claim_outbox("mbr_a", 109.0, 10.0)] == ids[:2]
+            with other.transaction() as tx:  # a died: its lease (until 119) runs out
+                assert [r.id for r in tx.claim_outbox("mbr_b", 118.0, 10.0)] == ids[2:]
+                assert [r.id for r in tx.claim_outbox("mbr_b", 120.0, 10.0)] == ids
+        finally:
+            other.close()
+
+    def test_a_failed_attempt_releases_the_claim(self, store: Store) -> None:
+        with store.transaction() as tx:
+            row_id = tx.add_outbox("process.start", {"itemId": "bg_1"})
+            tx.claim_outbox("mbr_a", 100.0, 10.0)
+            tx.fail_outbox(row_id, "boom", retry_at=101.0)
+            assert tx.claim_outbox("mbr_b", 100.5, 10.0) == [], "not due yet"
+            assert [r.id for r in tx.claim_outbox("mbr_b", 101.0, 10.0)] == [row_id]
+
+    def test_a_row_for_one_process_is_claimed_by_that_process_only(self, store: Store) -> None:
+        with store.transaction() as tx:
+            mine = tx.add_outbox("run.stop", {"runId": "run_1", "member": "mbr_a"})
+            anyone = tx.add_outbox("run.execute", {"runId": "run_2"})
+            assert [r.id for r in tx.claim_outbox("mbr_b", 100.0, 10.0)] == [anyone]
+            assert [r.id for r in tx.claim_outbox("mbr_a", 100.0, 10.0)] == [mine]
+
+    def test_beats_name_the_processes_whose_lease_ran_out_until_forgotten(self, store: Store) -> None:
+        with store.transaction() as tx:
+            assert tx.beat("mbr_a", 100.0, 10.0) == []
+            assert tx.beat("mbr_b", 105.0, 10.0) == []
+            assert tx.beat("mbr_b", 111.0, 10.0) == ["mbr_a"], "a last beat at 100: gone since 110"
+            assert tx.beat("mbr_c", 111.0, 10.0) == ["mbr_a"]
+            kept = tx.add_outbox("run.execute", {"runId": "run_1"})
+            tx.add_outbox("process.kill", {"itemId": "bg_1", "member": "mbr_a"})
+            tx.forget_member("mbr_a")
+            assert tx.beat("mbr_b", 112.0, 10.0) == []
+            assert [r.id for r in tx.outbox()] == [kept], "rows only a could carry out went with it"
+
