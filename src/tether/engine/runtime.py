@@ -63,6 +63,8 @@ RESTART_DELAY = 1.0
 LEASE = 15.0
 #: … and how often it looks at the store without a notification (events, outbox, timers).
 POLL = 1.0
+#: How many outbox rows a process claims at a time (the rest stay for the others).
+CLAIM_BATCH = 20
 
 
 def retry_at(attempts: int, now: float) -> float | None:
@@ -251,6 +253,7 @@ class Runtime:
             done: list[int] = []
             failed: list[tuple[OutboxRow, str, float | None]] = []
             for row in rows:
+                await asyncio.sleep(0)  # let the loop breathe (heartbeats, requests) between rows
                 error = await self._carry_out(row)
                 if error is None:
                     done.append(row.id)
@@ -270,8 +273,8 @@ class Runtime:
     def _due_rows(self) -> list[OutboxRow]:
         """The rows to carry out now: on a shared store, claimed for this process."""
         if self.store.shared:
-            with self.store.transaction() as tx:
-                return tx.claim_outbox(self.member, time.time(), self.lease)
+            with self.store.transaction() as tx:  # a small batch: what is claimed is done soon
+                return tx.claim_outbox(self.member, time.time(), self.lease, CLAIM_BATCH)
         with self.store.read() as reader:
             return reader.outbox(200, due=time.time())
 
