@@ -11,6 +11,12 @@ and written to ``bench/results/latest.json``. Timings here are reports, never pa
            tasks/s end to end, all delivered exactly once, with transactions, events
            and CPU seconds per task (both servers); baseline: raw sqlite3 inserts (one
            transaction each) of the same number of events, and the ratio.
+- stores:  the fan-out (local children only) on SQLite with one process beside PostgreSQL
+           with 1 and 2 processes on one database (SPEC §12), in the same run; ratios to
+           SQLite. Skipped, saying so, without PostgreSQL (initdb/pg_ctl) or psycopg.
+- stores:  the fan-out (local children only) on SQLite with one process beside PostgreSQL
+           with 1 and 2 processes on one database (SPEC §12), in the same run; ratios to
+           SQLite. Skipped, saying so, without PostgreSQL (initdb/pg_ctl) or psycopg.
 - restart: start-up time with N open tasks until the server answers (recovery done).
 - memory:  server RSS per idle thread and per open task, at 100 and at the full size.
 - mixed:   many clients at once (admin, a link token, a thread credential; reads, writes,
@@ -241,6 +247,65 @@ def _stats(server: Server) -> dict[str, float]:
         return client.get("/api/stats").json()
 
 
+def _fanout_on(servers: list[Server], n: int) -> dict[str, Any]:
+    """One parent made through the first server delegates n local children; each awaits a
+    background ``true`` and answers FINAL. Any server may carry out any of the work."""
+    child = {
+        "tether_script": 1,
+        "rules": [
+            {
+                "on": "start",
+                "do": [{"bash": "true", "background": True, "await": True, "id": "b"}, {"reply": "WAITING"}],
+            },
+            {"on": "background_command", "do": [{"reply": "FINAL"}]},
+        ],
+    }
+    actions = [{"delegate": {"task": child, "id": f"c{i}"}} for i in range(n)]
+    script = _script([{"on": "start", "do": actions}, {"on": "delegated_task", "repeat": True, "do": []}])
+    start = time.perf_counter()
+    with servers[0].client() as client:
+        parent = client.post("/api/threads", json={"provider": "script", "message": script}).json()
+    tasks = _wait_delivered(servers[0], parent["threadId"], n, 900)
+    elapsed = time.perf_counter() - start
+    with servers[0].client() as client:
+        view = client.get(f"/api/threads/{parent['threadId']}").json()
+    finals = sum(m["text"].count("FINAL") for m in view["messages"] if m["role"] == "notification")
+    return {
+        "tasks": n,
+        "seconds": round(elapsed, 2),
+        "tasksPerSecond": round(n / elapsed, 1),
+        "deliveredExactlyOnce": finals == n and len(tasks) == n,
+    }
+
+
+def bench_stores(root: Path, n: int) -> dict[str, Any]:
+    """The same fan-out on SQLite (one process) and on PostgreSQL with 1 and 2 processes."""
+    try:
+        from tether.store.postgresql.local import LocalCluster, find_bindir
+    except ImportError:
+        return {"skipped": "psycopg is not installed (pip install 'tether[postgresql]')"}
+    bindir = find_bindir()
+    if bindir is None:
+        return {"skipped": "PostgreSQL is not installed (initdb/pg_ctl not found)"}
+    cluster = LocalCluster(bindir).start()
+    out: dict[str, Any] = {}
+    try:
+        for name, count, store in (("sqlite", 1, None), ("postgresql1", 1, "pg"), ("postgresql2", 2, "pg")):
+            env = {"TETHER_STORE": cluster.database()} if store else {}
+            servers = [Server(root / name / f"p{i}", f"p{i}", env=env).start() for i in range(count)]
+            try:
+                out[name] = _fanout_on(servers, n)
+            finally:
+                for server in servers:
+                    server.stop()
+    finally:
+        cluster.stop()
+    base = out["sqlite"]["tasksPerSecond"]
+    for name in ("postgresql1", "postgresql2"):
+        out[name]["ratioToSqlite"] = round(out[name]["tasksPerSecond"] / base, 2)
+    return out
+
+
 def _raw_inserts(path: Path, n: int) -> float:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -375,6 +440,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--only", action="append", help="run only this step (repeatable)")
     args = parser.parse_args()
     quick = args.quick
     results: dict[str, Any] = {
@@ -391,6 +457,7 @@ def main() -> None:
             ("store", lambda: bench_store(500 if quick else 5000, 3 if quick else 5)),
             ("latency", lambda: bench_latency(root / "latency", 10 if quick else 50)),
             ("fanout", lambda: bench_fanout(root / "fanout", 50 if quick else 1000)),
+            ("stores", lambda: bench_stores(root / "stores", 50 if quick else 300)),
             (
                 "restart",
                 lambda: bench_restart_and_memory(root / "restart", [100] if quick else [100, 10_000]),
@@ -398,11 +465,14 @@ def main() -> None:
             ("mixed", lambda: bench_mixed(root / "mixed", 5.0 if quick else 20.0, 2 if quick else 10)),
         ]
         for name, step in steps:
+            if args.only and name not in args.only:
+                continue
             print(f"… {name}", file=sys.stderr, flush=True)
             results[name] = step()
             print(json.dumps(results[name], indent=1), file=sys.stderr, flush=True)
     RESULTS.mkdir(exist_ok=True)
-    target = RESULTS / ("quick.json" if quick else "latest.json")
+    partial = "-" + "-".join(args.only) if args.only else ""
+    target = RESULTS / (("quick" if quick else "latest") + partial + ".json")
     target.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 

@@ -123,17 +123,27 @@ def serve(
     port: int = typer.Option(8765, "--port"),
     host: str = typer.Option("127.0.0.1", "--host"),
     name: str | None = typer.Option(None, "--name", help="Human name of this environment."),
+    store: str | None = typer.Option(
+        None,
+        "--store",
+        envvar="TETHER_STORE",
+        help="Where the environment lives: postgresql://USER@HOST/DB, shared by every process "
+        "serving it (SPEC §12). Default: DATA/tether.db (SQLite).",
+    ),
 ) -> None:
     """Serve one environment over HTTP (admin token in DATA/admin.token)."""
     from tether.engine.processes import choose_backend
     from tether.server import serve as run
+    from tether.store import backend_of
 
     try:
         choose_backend()  # a wrong TETHER_PROCESSES is said plainly, before anything starts
+        if store:
+            backend_of(store)  # and so is a store tether cannot open
     except ValueError as error:
         err.print(f"[red]error[/red] {error}")
         raise typer.Exit(2) from None
-    asyncio.run(run(data, port, host, name))
+    asyncio.run(run(data, port, host, name, store))
 
 
 @app.command()

@@ -1,7 +1,10 @@
 """One environment: its data directory, store, identity, tokens and runtime.
 
 The data directory holds ``tether.db`` (the SQLite store), ``admin.token`` (mode 0600),
-``workspace/`` (where commands run) and ``proc/`` (background process files).
+``workspace/`` (where commands run) and ``proc/`` (background process files). With a
+PostgreSQL store (``store="postgresql://…"``, SPEC §12) the environment lives in the
+database, shared by every process serving it, and the directory holds only this process's
+own files.
 """
 
 from __future__ import annotations
@@ -31,18 +34,26 @@ from tether.types import ADMIN, Caller
 USE_INTERVAL = 60.0
 
 
+def _new_admin_token() -> str:
+    return "tta_" + secrets.token_urlsafe(32)
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
 class Environment:
     def __init__(
-        self, data_dir: Path, name: str | None = None, providers: dict[str, Provider] | None = None
+        self,
+        data_dir: Path,
+        name: str | None = None,
+        providers: dict[str, Provider] | None = None,
+        store: str | None = None,
     ) -> None:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self.config = load_config(data_dir)
-        self.store = open_store(data_dir / "tether.db")
+        self.store = open_store(store or data_dir / "tether.db")
         with self.store.transaction() as tx:
             environment_id = tx.get_meta("environment_id")
             if environment_id is None:
@@ -73,11 +84,20 @@ class Environment:
         self.tools.peers = self.peers
 
     def _admin_token(self) -> str:
-        """Written before the server listens, readable by its owner only (every platform)."""
+        """Written before the server listens, readable by its owner only (every platform).
+        A store shared by several processes keeps it, so every process of the environment
+        writes the same one (SPEC §12); its first process makes it."""
         path = self.data_dir / "admin.token"
-        if path.exists():
+        if self.store.shared:
+            with self.store.transaction() as tx:
+                token = tx.get_meta("admin_token")
+                if token is None:
+                    token = _new_admin_token()
+                    tx.set_meta("admin_token", token)
+        elif path.exists():
             return path.read_text().strip()
-        token = "tta_" + secrets.token_urlsafe(32)
+        else:
+            token = _new_admin_token()
         write_private(path, token + "\n")
         return token
 

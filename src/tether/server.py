@@ -14,8 +14,10 @@ from tether.api import create_app
 from tether.environment import Environment
 
 
-async def serve(data: Path, port: int, host: str = "127.0.0.1", name: str | None = None) -> None:
-    env = Environment(data, name)  # writes admin.token before we listen
+async def serve(
+    data: Path, port: int, host: str = "127.0.0.1", name: str | None = None, store: str | None = None
+) -> None:
+    env = Environment(data, name, store=store)  # writes admin.token before we listen
     env.base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
     app = create_app(env)
     config = uvicorn.Config(

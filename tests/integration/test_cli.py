@@ -111,6 +111,13 @@ def test_serve_refuses_an_unknown_process_backend(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists(), "nothing was started or written"
 
 
+def test_serve_refuses_a_store_it_cannot_open(tmp_path: Path) -> None:
+    done = tether("serve", "--data", str(tmp_path / "data"), "--store", "mysql://db/x")
+    assert done.returncode == 2
+    assert "'mysql'" in done.stderr and "postgresql://" in done.stderr
+    assert not (tmp_path / "data").exists(), "nothing was started or written"
+
+
 def test_demo_json() -> None:
     done = tether("demo", "--json", "--probes", "1,3", timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -38,10 +38,14 @@ DELIVERED_AS = {1: "follow-up", 2: "result", 3: "result", 4: "result", 5: "follo
 FIRST_REPLY = {1: "WAITING", 5: "READY", 6: "WATCHING"}
 
 
-def drive(server: Server, probe: int) -> dict[str, Any]:
-    """Run one probe to its end: FINAL delivered, everyone settled, the child's work over."""
+def drive(server: Server, probe: int, watch: Server | None = None) -> dict[str, Any]:
+    """Run one probe to its end: FINAL delivered, everyone settled, the child's work over.
+    With ``watch`` (another process of the same environment, SPEC §12), the parent is made
+    through ``server`` and everything after is awaited and read through ``watch``."""
+    with server.client() as maker:
+        parent_id = new_thread(maker, parent_script(probe, None, SECONDS), title=f"probe {probe}")
+    server = watch or server
     with server.client() as client:
-        parent_id = new_thread(client, parent_script(probe, None, SECONDS), title=f"probe {probe}")
         watched = {parent_id}
 
         def check() -> dict[str, Any] | None:

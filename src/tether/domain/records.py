@@ -94,6 +94,9 @@ class Run(Record):
     error: str | None = None
     started_at: str | None = None
     ended_at: str | None = None
+    #: The tether process (``Runtime.member``) whose provider turn this run is: only it can
+    #: stop the turn, and if it is gone for good the run is interrupted (SPEC §12).
+    member: str | None = None
 
     @property
     def kind(self) -> str:
@@ -144,6 +147,9 @@ class Item(Record):
     runner: str | None = None
     pid: int | None = None
     pid_start: str | None = None
+    #: The tether process (``Runtime.member``) that spawned it, or whose turn started the
+    #: agent that runs it: only that process can watch or kill it (SPEC §12).
+    member: str | None = None
     offset: int = 0
     last_line: str | None = None
     # schedules

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 FLUSH_RETRY = 1.0
 
 #: A write that nothing waits on, applied later inside some command's unit (see ``_later``).
-Deferred = Callable[[Unit], None]
+Deferred = Callable[[Unit], object]
 
 _TERMINAL_ITEM = {
     TaskStatus.COMPLETED: ItemStatus.ENDED,
@@ -133,6 +133,16 @@ class Commands:
         if not self._flush_armed:
             self._flush_armed = True
             loop.call_soon(self._flush_soon)
+
+    def _claim(self, write: Callable[[Unit], bool]) -> bool:
+        """A write that says this process owns a run or a process. Several processes on one
+        store (SPEC §12) need its answer before they go on, so it commits at once; a process
+        alone on its store owns everything, so it is deferred (``_later``) and holds."""
+        if self.store.shared:
+            with self.unit() as u:
+                return write(u)
+        self._later(write)
+        return True
 
     def _flush_soon(self) -> None:
         self._flush_armed = False
@@ -472,19 +482,21 @@ class Commands:
             tasks.note_reply(task, run)
             self._save_task(u, task)
 
-    def begin_turn(self, run_id: str) -> None:
-        """The provider turn begins now: that moment becomes the run's ``startedAt``
-        (dispatch set a first one). Deferred (``_later``); the runtime read the run as
-        running just before, and the write does nothing if it ended meanwhile."""
+    def begin_turn(self, run_id: str, member: str | None = None) -> bool:
+        """The provider turn begins now, in process ``member``: that moment becomes the
+        run's ``startedAt`` (dispatch set a first one). False when the run ended meanwhile or
+        another process runs it. Alone on its store the write is deferred (``_claim``)."""
         at = now()
 
-        def write(u: Unit) -> None:
+        def write(u: Unit) -> bool:
             run = u.load(Run, run_id)
-            if run is not None and run.status == RunStatus.RUNNING:
-                run.started_at = at
-                u.save(run)
+            if run is None or run.status != RunStatus.RUNNING or run.member not in (None, member):
+                return False
+            run.started_at, run.member = at, member
+            u.save(run)
+            return True
 
-        self._later(write)
+        return self._claim(write)
 
     def run_guard(self, u: View, run_id: str | None) -> Run | None:
         """Tools called from a run act only while it runs: a cancelled run's late actions
@@ -638,11 +650,12 @@ class Commands:
 
     @staticmethod
     def _start_item(u: Unit, item: Item, outbox: str | None = None) -> Item:
-        """Record a new background item (and the side effect that starts it)."""
+        """Record a new background item (and the side effect that starts it, carried out by
+        the process the item belongs to, if it belongs to one)."""
         u.save(item)
         u.emit("item.started", item_view(item), thread_id=item.thread_id)
         if outbox:
-            u.outbox(outbox, {"itemId": item.id}, item.thread_id)
+            u.outbox(outbox, {"itemId": item.id, **_on(item.member)}, item.thread_id)
         u.mark(item.thread_id)
         return item
 
@@ -886,7 +899,7 @@ class Commands:
         for run in u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN)):
             if run.status == RunStatus.RUNNING:
                 self._end_run(u, run, status, run.reply, reason)
-                u.outbox("run.stop", {"runId": run.id}, thread.id)
+                u.outbox("run.stop", {"runId": run.id, **_on(run.member)}, thread.id)
             elif stop_all and run.kind != Trigger.DELEGATED_TASK:
                 # A queued completion wake is delivery, not work: stopping the thread
                 # must not drop the answers it carries (G1); it runs after the stop.
@@ -906,7 +919,7 @@ class Commands:
                 u.save(item)
                 u.emit("item.ended", item_view(item), thread_id=thread.id)
                 if item.kind in (ItemKind.COMMAND, ItemKind.MONITOR):
-                    u.outbox("process.kill", {"itemId": item.id}, thread.id)
+                    u.outbox("process.kill", {"itemId": item.id, **_on(item.member)}, thread.id)
         if status == RunStatus.INTERRUPTED and (stopped_runs or stopped_items) and thread.open_task_id:
             thread.interrupted = True  # its task ends "interrupted", whatever the last reply
             u.save(thread)
@@ -949,24 +962,32 @@ class Commands:
                 persistent=persistent,
                 timeout_ms=timeout_ms,
                 runner=None if spawn else thread.provider,
+                # where its run's turn runs (SPEC §12): beside the agent's files, and if that
+                # process is gone for good, the item is reported gone with its run
+                member=getattr(u.load(Run, caller.run_id), "member", None),
             )
             self._start_item(u, item, "process.start" if spawn else None)
             return item_view(item)
 
-    def process_spawned(self, item_id: str, pid: int, pid_start: str | None) -> None:
-        """Record the pid (deferred, ``_later``: the pid file the spawn wrote already tells
-        a restart that it ran). An item that ended meanwhile gets its process killed."""
+    def process_spawned(
+        self, item_id: str, pid: int, pid_start: str | None, member: str | None = None
+    ) -> bool:
+        """Record the pid (and the process ``member`` that spawned it). False when the item
+        ended meanwhile: kill it. Alone on its store the write is deferred (``_claim``; the
+        pid file the spawn wrote already tells a restart that it ran) and an item that ended
+        meanwhile gets its process killed by an outbox row."""
 
-        def write(u: Unit) -> None:
+        def write(u: Unit) -> bool:
             item = u.load(Item, item_id)
             if item is None:
-                return
-            item.pid, item.pid_start = pid, pid_start
+                return False
+            item.pid, item.pid_start, item.member = pid, pid_start, member
             u.save(item)
-            if not item.is_running:
+            if not item.is_running and not self.store.shared:
                 u.outbox("process.kill", {"itemId": item.id}, item.thread_id)
+            return item.is_running
 
-        self._later(write)
+        return self._claim(write)
 
     def process_ended(
         self,
@@ -1090,7 +1111,7 @@ class Commands:
                 u.mark(thread.id)
             elif item.is_running:
                 self._item_ended(u, item, ItemStatus.CANCELLED, None, reason)
-                u.outbox("process.kill", {"itemId": item.id}, item.thread_id)
+                u.outbox("process.kill", {"itemId": item.id, **_on(item.member)}, item.thread_id)
             return {
                 "itemId": item.id,
                 "threadId": thread.id,
@@ -1459,14 +1480,22 @@ class Commands:
             if item is not None and item.is_running:
                 self._item_ended(u, item, ItemStatus.FAILED, None, f"could not start: {error}")
 
-    def recover(self, exited: dict[str, int | None], lost: list[str]) -> list[str]:
+    def recover(
+        self, exited: dict[str, int | None], lost: list[str], member: str | None = None
+    ) -> list[str]:
         """Start-up, one transaction: running runs → interrupted, one ``restart`` run per
         thread; processes that ended while we were down are reported as usual
         (``exited``: their recorded exit codes), vanished ones by the ``restart`` run;
-        a wait-mode call that died hands its result to a completion wake instead."""
+        a wait-mode call that died hands its result to a completion wake instead.
+
+        With ``member``, only that process's runs: on a store several processes serve,
+        a process recovers its own at start, and the survivors recover one gone for good
+        (SPEC §12). Recovering twice changes nothing the second time."""
         with self.unit() as u:
             restarted: list[str] = []
             for run in u.query(Run, status=RunStatus.RUNNING):
+                if member is not None and run.member != member:
+                    continue
                 self._end_run(u, run, RunStatus.INTERRUPTED, run.reply, "tether restarted during this run")
                 thread = u.need(Thread, run.thread_id, "thread")
                 text = f"tether restarted while run {run.id} was active; that run was interrupted."
@@ -1502,6 +1531,12 @@ class Commands:
                 self._wake(u, parent, task)
                 return
         u.save(task)
+
+
+def _on(member: str | None) -> dict[str, str]:
+    """An outbox payload's ``member``: the process that alone can carry the row out (stop
+    its own turn, kill its own process); none when any process can (SPEC §12)."""
+    return {"member": member} if member else {}
 
 
 def _default_provider(task: str, parent_provider: str) -> str:

@@ -13,6 +13,16 @@ visibly (``Commands.effects_done``). Nothing is dropped.
 Every task this runtime starts is supervised: the long-lived loops (outbox, timers,
 retention) log an exception and start again; a turn whose bookkeeping fails is failed,
 never left ``running``.
+
+**Several processes on one store** (``Store.shared``, PostgreSQL: SPEC §12). Each process
+is a *member*, named by ``DATA/member.id`` (so a restarted process is the same member).
+It claims outbox rows with a lease instead of reading them; a turn it begins and a
+process it spawns carry its name, so only it stops or kills them (rows for it name it).
+It beats every ``lease / 3`` seconds; a member whose lease ran out is gone for good and
+the first survivor to notice recovers it as a restart would (``Commands.recover``). The
+store's doorbell wakes it when others commit: it reads the events it has not seen and
+wakes its own waiters, and it re-reads timers and the outbox every ``POLL`` seconds, so a
+missed notification only delays.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -33,7 +44,7 @@ from tether.engine.commands import Commands
 from tether.engine.notify import Notifier
 from tether.engine.processes import ProcessManager, choose_backend
 from tether.errors import Conflict
-from tether.ids import format_time, parse_time
+from tether.ids import format_time, new_id, parse_time
 from tether.store.base import OutboxRow, Store
 
 log = logging.getLogger(__name__)
@@ -48,6 +59,12 @@ RETRY_MAX = 30.0
 PARK_AFTER = 8
 #: A supervised loop that crashed starts again after this many seconds.
 RESTART_DELAY = 1.0
+#: Shared stores: how long a member's claims and heartbeat last (``TETHER_LEASE_SECONDS``) …
+LEASE = 15.0
+#: … and how often it looks at the store without a notification (events, outbox, timers).
+POLL = 1.0
+#: How many outbox rows a process claims at a time (the rest stay for the others).
+CLAIM_BATCH = 20
 
 
 def retry_at(attempts: int, now: float) -> float | None:
@@ -69,6 +86,9 @@ class Runtime:
         self.store = store
         self.environment_id = environment_id
         self.providers = providers
+        #: This process's name among those serving the store (stable across restarts).
+        self.member = _member_id(data_dir)
+        self.lease = float(os.environ.get("TETHER_LEASE_SECONDS", LEASE))
         self.notifier = Notifier()
         self.commands = Commands(store, environment_id, providers, self._committed)
         self.workspace = data_dir / "workspace"
@@ -95,6 +115,9 @@ class Runtime:
         self._started = False
         self._retention = timedelta(days=retention_days)
         self._housekeeping: asyncio.Task[None] | None = None
+        self._shared_loops: list[asyncio.Task[None]] = []
+        #: The last event this process has woken its waiters for (shared stores).
+        self._seen = 0
         #: Set by the environment: the tool surface (handed to turns) and the environment
         #: itself (providers that run agents out of process mint thread credentials with it).
         self.tools: Any = None
@@ -104,6 +127,8 @@ class Runtime:
 
     async def start(self) -> None:
         """Recover (G6), then start carrying out the outbox and the timers."""
+        if self.store.shared:
+            self._beat()  # alive before any turn here carries this process's name
         exited: dict[str, int | None] = {}
         lost: list[str] = []
         adopt: list[tuple[Item, int]] = []
@@ -113,6 +138,7 @@ class Runtime:
                 Item, status=ItemStatus.RUNNING, kind=[ItemKind.COMMAND, ItemKind.MONITOR, ItemKind.AGENT]
             )
         pending_spawns = {row.payload["itemId"] for row in pending if row.kind == "process.start"}
+        items = [i for i in items if self._mine(i)]
         agent_run = self._agent_run([i for i in items if i.runner is not None], lost)
         for item in items:
             if item.runner is not None:
@@ -126,8 +152,9 @@ class Runtime:
                 exited[item.id] = value
             else:
                 lost.append(item.id)
-        self.commands.recover(exited, lost)
+        self.commands.recover(exited, lost, self.member if self.store.shared else None)
         self._seed_timers()
+        self._seen = self.store.last_event_seq()
         self._started = True
         for item, pid in adopt:
             self.processes.watch(item, pid)
@@ -135,9 +162,22 @@ class Runtime:
             adopter(self, its)
         self._timer_task = asyncio.create_task(_supervise("timers", self._timers), name="timers")
         self._housekeeping = asyncio.create_task(_supervise("prune events", self._prune), name="prune")
+        if self.store.shared:
+            self._shared_loops = [
+                asyncio.create_task(_supervise("heartbeat", self._heartbeat), name="heartbeat"),
+                asyncio.create_task(_supervise("doorbell", self._doorbell), name="doorbell"),
+            ]
         self._kick()
         if self._drain_task is not None:
             await asyncio.shield(self._drain_task)
+
+    def _mine(self, item: Item) -> bool:
+        """Whether recovery at start is this process's to do for ``item``: on a shared store
+        only what it ran (or spawned, by its own files, before it could say so); alone,
+        everything."""
+        if not self.store.shared or item.member == self.member:
+            return True
+        return item.member is None and item.runner is None and self.processes.spawned_before(item.id)
 
     def _agent_run(self, items: list[Item], lost: list[str]) -> list[tuple[Callable[..., None], list[Item]]]:
         """Background work an agent runs itself (``spawn=False``) has no process of tether's
@@ -162,7 +202,9 @@ class Runtime:
         if self._retry is not None:
             self._retry.cancel()
         self.commands.flush()  # what running turns said and kept is not lost on a clean stop
-        own = (self._timer_task, self._housekeeping, self._drain_task, *self._turns.values())
+        own = (
+            self._timer_task, self._housekeeping, self._drain_task, *self._shared_loops, *self._turns.values()
+        )
         tasks = [t for t in own if t]
         for task in tasks:
             task.cancel()
@@ -208,11 +250,11 @@ class Runtime:
     async def _drain(self) -> None:
         while True:
             self._drain_again = False
-            with self.store.read() as reader:
-                rows = reader.outbox(200, due=time.time())
+            rows = self._due_rows()
             done: list[int] = []
             failed: list[tuple[OutboxRow, str, float | None]] = []
             for row in rows:
+                await asyncio.sleep(0)  # let the loop breathe (heartbeats, requests) between rows
                 error = await self._carry_out(row)
                 if error is None:
                     done.append(row.id)
@@ -228,6 +270,14 @@ class Runtime:
                 if when is not None:
                     self._kick_at(when)
                 return
+
+    def _due_rows(self) -> list[OutboxRow]:
+        """The rows to carry out now: on a shared store, claimed for this process."""
+        if self.store.shared:
+            with self.store.transaction() as tx:  # a small batch: what is claimed is done soon
+                return tx.claim_outbox(self.member, time.time(), self.lease, CLAIM_BATCH)
+        with self.store.read() as reader:
+            return reader.outbox(200, due=time.time())
 
     async def _carry_out(self, row: OutboxRow) -> str | None:
         """Run ``row``'s handler; None when it succeeded, else what went wrong."""
@@ -246,8 +296,10 @@ class Runtime:
     # ------------------------------------------------------------------ runs
 
     def _execute(self, row: OutboxRow) -> None:
+        """Begin the turn here (the run names this process) before the row is removed: a
+        crash in between leaves the run to this process's recovery, never to nobody."""
         run_id = row.payload["runId"]
-        if run_id not in self._turns:
+        if run_id not in self._turns and self.commands.begin_turn(run_id, self.member):
             self._turns[run_id] = asyncio.get_running_loop().create_task(
                 self._turn(run_id), name=f"turn {run_id}"
             )
@@ -278,7 +330,6 @@ class Runtime:
             ids = run.trigger.get("messageIds", [])
             inputs = [m for m in reader.find(Message, run_id=run.id) if m.id in ids]
             first = reader.find(Message, limit=1, thread_id=thread.id)
-        self.commands.begin_turn(run_id)  # the snapshot above saw it running
         provider = self.providers[thread.provider]
         turn = Turn(self, thread, run, inputs, first[0] if first else None)
         status, reply, error = RunStatus.COMPLETED, None, None
@@ -307,20 +358,27 @@ class Runtime:
     def _spawn(self, row: OutboxRow) -> None:
         with self.store.read() as reader:
             item = reader.get(Item, row.payload["itemId"])
-        if item is None or not item.is_running or item.pid is not None:
+        if item is None or not item.is_running or item.pid is not None or not self._here(item):
             return
         if self.processes.spawned_before(item.id):
             return  # spawned before a crash; recovery already adopted or reported it
         pid, started = self.processes.spawn(item)
-        self.commands.process_spawned(item.id, pid, started)
-        item.pid = pid
-        self.processes.watch(item, pid)
+        if self.commands.process_spawned(item.id, pid, started, self.member):
+            item.pid = pid
+            self.processes.watch(item, pid)
+        else:
+            self.processes.kill(item.id, pid, "cancelled")
 
     def _kill(self, row: OutboxRow) -> None:
         with self.store.read() as reader:
             item = reader.get(Item, row.payload["itemId"])
-        if item is not None:
+        if item is not None and self._here(item):
             self.processes.kill(item.id, item.pid, "cancelled")
+
+    def _here(self, item: Item) -> bool:
+        """Whether ``item``'s process is (to be) this process's: never spawn or kill for
+        another process (its pid means nothing on this machine)."""
+        return item.member in (None, self.member)
 
     def _lines(self, item_id: str, lines: list[str], offset: int) -> None:
         self.commands.monitor_output(item_id, lines, offset)
@@ -371,6 +429,72 @@ class Runtime:
             wait = (parse_time(self._due[0][0]) - datetime.now(UTC)).total_seconds() if self._due else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._timer_wakeup.wait(), wait)
+
+    # ------------------------------------------------------------------ several processes
+
+    async def _heartbeat(self) -> None:
+        """Say this process is alive; recover every member whose lease ran out."""
+        while True:
+            self._beat()
+            await asyncio.sleep(self.lease / 3)
+
+    def _beat(self) -> None:
+        with self.store.transaction() as tx:
+            gone = tx.beat(self.member, time.time(), self.lease)
+        for member in gone:
+            self.take_over(member)
+
+    def take_over(self, member: str) -> None:
+        """``member`` is gone for good: its runs are interrupted, its commands, monitors and
+        agent-run work reported gone, one ``restart`` run per thread — as after a restart
+        (G6). Then it is forgotten, with the rows only it could carry out."""
+        with self.store.read() as reader:
+            items = reader.find(
+                Item, status=ItemStatus.RUNNING, kind=[ItemKind.COMMAND, ItemKind.MONITOR, ItemKind.AGENT]
+            )
+        lost = [item.id for item in items if item.member == member]
+        log.warning("tether process %s is gone: recovering its runs and %d items", member, len(lost))
+        self.commands.recover({}, lost, member)
+        with self.store.transaction() as tx:
+            tx.forget_member(member)
+
+    async def _doorbell(self) -> None:
+        """Wake this process's waiters for what other processes committed; look at the
+        outbox and the timers again (new rows, leases that ran out, deadlines)."""
+        polled = time.monotonic()
+        async for rung in self.store.rings(POLL):
+            if "events" in rung:
+                self._caught_up()
+            if "outbox" in rung:
+                self._kick()
+            if time.monotonic() - polled >= POLL:
+                self._caught_up()
+                polled = time.monotonic()
+                self._kick()
+                self._seed_timers()
+                self._timer_wakeup.set()
+
+    def _caught_up(self) -> None:
+        """Notify the keys of every event after ``_seen``."""
+        keys: set[str] = set()
+        while events := self.store.events_after(self._seen, 1000):
+            for event in events:
+                if event.thread_id:
+                    keys.add(f"thread:{event.thread_id}")
+                if event.task_id:
+                    keys.add(f"task:{event.task_id}")
+            self._seen = events[-1].seq
+            keys.add("events")
+        self.notifier.notify(keys)
+
+
+def _member_id(data_dir: Path) -> str:
+    """This process's member name, kept in ``DATA/member.id``: the same after a restart, so
+    a process that comes back recovers its own work (its files are in DATA)."""
+    path = data_dir / "member.id"
+    if not path.exists():
+        path.write_text(new_id("mbr") + "\n")
+    return path.read_text().strip()
 
 
 async def _supervise(name: str, loop: Callable[[], Awaitable[None]]) -> None:

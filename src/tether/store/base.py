@@ -7,9 +7,10 @@ reader sees half a command.
 
 The interface is synchronous on purpose. Commands are short functions over a
 transaction; SQLite runs them inline on the event loop in well under a millisecond, and
-a backend with network round trips (PostgreSQL) would run the same function in a worker
-thread. Every backend must pass ``tests/unit/store/contract.py`` (it subclasses
-``StoreContract`` in its own ``test_<backend>.py``).
+PostgreSQL on the loop too, over one connection the loop's thread owns (round trips of a
+fraction of a millisecond on loopback; more capacity comes from more processes, SPEC §12).
+Every backend must pass ``tests/unit/store/contract.py`` (it subclasses ``StoreContract``
+in its own ``test_<backend>.py``).
 
 **One owner.** A store belongs to the thread that opened it (the event loop's thread in a
 server) and refuses — with :class:`ForeignThread`, at once — any use from another thread,
@@ -24,6 +25,7 @@ entirely or not at all (G2).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -168,11 +170,33 @@ class Transaction(Reader):
     @abstractmethod
     def set_meta(self, key: str, value: str) -> None: ...
 
+    # Shared stores only (``Store.shared``: several processes serve one environment).
+
+    def claim_outbox(self, member: str, now: float, lease: float, limit: int = 200) -> list[OutboxRow]:
+        """Claim due, unparked rows for process ``member`` until ``now + lease``, in order:
+        rows no live process holds (unclaimed, lease run out, or ``member``'s own) and that
+        are for any process or for ``member`` (a payload's ``member``). A row stays
+        claimed until removed or failed; a process that dies loses it when the lease ends."""
+        raise NotImplementedError(f"{type(self).__name__} is not shared by several processes")
+
+    def beat(self, member: str, now: float, lease: float) -> list[str]:
+        """Process ``member`` is alive until ``now + lease``; returns the other processes
+        whose lease has run out (gone for good, their work to recover)."""
+        raise NotImplementedError(f"{type(self).__name__} is not shared by several processes")
+
+    def forget_member(self, member: str) -> None:
+        """Process ``member`` was recovered: drop it and the rows only it could carry out
+        (stopping its turns, killing its processes — gone with it)."""
+        raise NotImplementedError(f"{type(self).__name__} is not shared by several processes")
+
 
 class Store(ABC):
     #: Read-write transactions committed since the store was opened. A backend counts its
     #: commits here; benchmarks report them per task (``GET /api/stats``).
     commits: int = 0
+    #: Whether other processes may serve the same store at once (PostgreSQL, SPEC §12): then
+    #: the environment's shared secrets live in it, and side effects are claimed with leases.
+    shared: bool = False
 
     @abstractmethod
     def transaction(self) -> AbstractContextManager[Transaction]:
@@ -192,6 +216,11 @@ class Store(ABC):
     @abstractmethod
     def prune_events(self, before: str) -> int:
         """Drop events older than ``before`` (the retention period); returns how many."""
+
+    def rings(self, every: float) -> AsyncIterator[set[str]]:
+        """Shared stores: what other processes' commits wrote (``events``, ``outbox``), as
+        they commit, and an empty set at least every ``every`` seconds."""
+        raise NotImplementedError(f"{type(self).__name__} is not shared by several processes")
 
     @abstractmethod
     def close(self) -> None: ...

@@ -45,8 +45,8 @@ class Servers:
         self.root = root
         self.made: list[Server] = []
 
-    def __call__(self, name: str) -> Server:
-        server = LoggedServer(self.root / name, name)
+    def __call__(self, name: str, env: dict[str, str] | None = None) -> Server:
+        server = LoggedServer(self.root / name, name, env=env)
         self.made.append(server)
         return server
 
