@@ -224,14 +224,23 @@ class Peer:
     # ------------------------------------------------------------------ durable pushes
 
     async def _pusher(self) -> None:
+        """Carry out this link's durable calls (remote creates, cancels, sends) when kicked,
+        and every ``RETRY_MAX`` while some are left. Supervised: whatever fails is logged
+        and retried (the tasks stay visibly ``pending``) — it never ends but by ``close()``, since a pusher
+        that died would leave every later remote task ``pending`` for good."""
         while True:
             self._push.clear()
-            left = await self._push_pending()
+            try:
+                left = await self._push_pending()
+            except Exception:
+                log.exception("pushing to %s failed; retrying", self.environment_id)
+                left = 1
             timeout = RETRY_MAX if left else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._push.wait(), timeout)
 
     async def _push_pending(self) -> int:
+        """Try every pending call once; the number still pending (to retry soon)."""
         with self.peers.env.store.read() as reader:
             pending = [
                 t
@@ -243,20 +252,28 @@ class Peer:
         for send in sends:
             try:
                 await self._send(send)
-            except (httpx.TransportError, Unavailable):
+            except Unavailable:
                 left += 1
             except TetherError:
                 pass  # refused for good: recorded as failed by _send
+            except Exception as error:
+                left += 1
+                self._push_failed(send.id, error)
         for task in pending:
             try:
-                if task.remote_pending == "create":
-                    await self._create(task)
-                else:
-                    await self._cancel(task)
-            except (httpx.TransportError, Unavailable) as error:
+                await (self._create(task) if task.remote_pending == "create" else self._cancel(task))
+            except Exception as error:
                 left += 1
-                log.info("peer %s not reached for %s: %s", self.environment_id, task.id, error)
+                self._push_failed(task.id, error)
         return left
+
+    def _push_failed(self, what: str, error: Exception) -> None:
+        """A call not (yet) carried out: expected ones (the peer unreachable or busy) are
+        noted; anything else is a bug to see in the log — both are retried."""
+        if isinstance(error, httpx.TransportError | Unavailable):
+            log.info("peer %s not reached for %s: %s", self.environment_id, what, error)
+        else:
+            log.exception("pushing %s to %s failed; retrying", what, self.environment_id)
 
     async def _create(self, task: Task) -> None:
         request = task.remote_request or {}
@@ -279,8 +296,9 @@ class Peer:
             self.commands.remote_sent(task.id, response.json().get("childThreadId"))
         elif response.status_code == 409:  # created before; our answer was lost
             existing = await self.http.get(f"/api/tasks/{task.id}")
-            if existing.status_code == 200:
-                self.commands.remote_sent(task.id, existing.json().get("childThreadId"))
+            if existing.status_code != 200:  # not readable yet: retried, never left pending
+                raise httpx.TransportError(f"peer answered {existing.status_code} for task {task.id}")
+            self.commands.remote_sent(task.id, existing.json().get("childThreadId"))
         elif response.status_code == 401 or response.status_code >= 500:
             raise _error(response) if response.status_code == 401 else httpx.TransportError("peer error")
         else:

@@ -309,6 +309,7 @@ class PostgreSQLStore(Store):
     def transaction(self) -> Iterator[Transaction]:
         with self._begin("BEGIN", f"SELECT pg_advisory_xact_lock({WRITE_LOCK})"):
             yield _PGTransaction(self._conn)
+        self.commits += 1
 
     @contextmanager
     def read(self) -> Iterator[Reader]:
