@@ -23,7 +23,7 @@ from tether.domain.records import Thread, Token
 from tether.engine.runtime import Runtime
 from tether.errors import Forbidden, NotFound, Unauthorized
 from tether.ids import format_time, new_id, now
-from tether.peers import Peers
+from tether.peers import Origin, Peers
 from tether.private import write_private
 from tether.providers import Provider, load_providers
 from tether.store import open_store
@@ -80,7 +80,8 @@ class Environment:
         self.commands = self.runtime.commands
         self.commands.default_deadline_ms = default_deadline_ms(self.config)
         self.queries = self.tools.queries
-        self.peers = Peers(self)
+        self.peers = Peers(Origin(environment_id, self.commands, self.config))
+        self.runtime.add_handler("peer.push", self.peers.on_push)
         self.tools.peers = self.peers
 
     def _admin_token(self) -> str:

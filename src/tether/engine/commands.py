@@ -1322,6 +1322,33 @@ class Commands:
                 self._task_item(u, task, hold=False)
             self._mirror_into(u, task, view)
 
+    def add_link(
+        self, environment_id: str, name: str, url: str, token: str, label: str | None, kind: str
+    ) -> Link:
+        """Link (or re-link) the environment or A2A agent ``environment_id``: adding it
+        again with a new URL or token keeps its cursor, so nothing is applied twice."""
+        with self.unit() as u:
+            link = u.load(Link, environment_id)
+            if link is None:
+                link = Link(environment_id, name, url, token, u.at, label, kind=kind)
+            else:
+                link.name, link.url, link.token, link.label = name, url, token, label or link.label
+            link.status, link.last_error = "ok", None
+            u.save(link)
+            u.emit("link.added", {"environmentId": environment_id, "name": name, "kind": link.kind})
+            return link
+
+    def link_status(self, environment_id: str, status: str, error: str | None) -> Link | None:
+        """What the link's follower found: reachable, unreachable, revoked (and why)."""
+        with self.unit() as u:
+            link = u.load(Link, environment_id)
+            if link is None or (link.status, link.last_error) == (status, error):
+                return link
+            link.status, link.last_error = status, error
+            u.save(link)
+            u.emit("link.status", {"environmentId": environment_id, "status": status, "lastError": error})
+            return link
+
     def link_revoked(self, environment_id: str, message: str) -> int:
         """The peer refused our token. A child created with it can never be followed again
         (the peer shows a new token only what that token creates), so its task fails now and

@@ -1,5 +1,7 @@
-"""Linked environments (SPEC §6): links out to peers, and the feed we follow from each."""
+"""Links to other environments and A2A agents: one HTTP client (``client``), one link
+(``peer``: follower, pusher, calls), the directory of links (``directory``)."""
 
-from tether.peers.links import Peer, Peers
+from tether.peers.directory import Peers
+from tether.peers.peer import Origin, Peer
 
-__all__ = ["Peer", "Peers"]
+__all__ = ["Origin", "Peer", "Peers"]

@@ -1,6 +1,6 @@
 """Links to A2A agents (SPEC §14, consuming): any A2A agent can be the child of a thread.
 
-An A2A link is a :class:`~tether.peers.links.Peer` whose far side speaks A2A, through the
+An A2A link is a :class:`~tether.peers.peer.Peer` whose far side speaks A2A, through the
 official ``a2a-sdk`` client, instead of tether's API. The parts a tether link has stay:
 
 - **creating and cancelling** are the link's durable pushes: ``delegate_remote`` records
@@ -30,7 +30,7 @@ import contextlib
 import hashlib
 import logging
 from datetime import UTC, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 from a2a.client import A2ACardResolver, A2AClientError, Client, ClientConfig, ClientFactory
@@ -42,11 +42,8 @@ from tether.config import section
 from tether.domain.records import Link, Task
 from tether.errors import Invalid, Unavailable
 from tether.ids import format_time, now, parse_time
-from tether.peers.links import Peer
+from tether.peers.peer import Origin, Peer
 from tether.types import Caller
-
-if TYPE_CHECKING:
-    from tether.peers.links import Peers
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +139,8 @@ def _ordered(found: list[pb.Task]) -> list[pb.Task]:
 class A2APeer(Peer):
     """One link to an A2A agent: the pusher sends and cancels, the follower reads back."""
 
-    def __init__(self, peers: Peers, link: Link) -> None:
-        super().__init__(peers, link)
-        if not link.token:
-            self.http.headers.pop("Authorization", None)
+    def __init__(self, origin: Origin, link: Link) -> None:
+        super().__init__(origin, link)
         self._clients: tuple[Client, Client] | None = None
         self._stream_http = _http(link.token or None, STREAM_READ_TIMEOUT)
         #: context id → when it was read last (loop clock); the contexts being followed.
@@ -155,7 +150,7 @@ class A2APeer(Peer):
         self._no_list = False  # the agent serves no ListTasks: GetTask it is
         self._applied: dict[str, dict[str, Any]] = {}
         self._wake = asyncio.Event()
-        days = float(section(peers.env.config, "a2a").get("follow_up_days", 7))
+        days = float(section(origin.config, "a2a").get("follow_up_days", 7))
         self.window = timedelta(days=days)
 
     async def close(self) -> None:
@@ -256,7 +251,7 @@ class A2APeer(Peer):
         with self.commands.view() as u:
             mine = [
                 t
-                for t in u.query(Task, parent_environment_id=self.peers.env.environment_id)
+                for t in u.query(Task, parent_environment_id=self.origin.environment_id)
                 if t.child_environment_id == self.environment_id and t.remote_task_id
             ]
         for task in mine:

@@ -9,16 +9,14 @@ Calls are short: an unreachable peer is shown as such, never waited on for long.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from contextlib import aclosing
+from typing import Any
 
 import httpx
 
-from tether.errors import NotFound, TetherError, Unavailable
+from tether.errors import NotFound, TetherError
 from tether.ids import now
-from tether.peers.links import _error
-
-if TYPE_CHECKING:
-    from tether.peers.links import Peer
+from tether.peers import Peer
 
 TIMEOUT = 2.0
 
@@ -31,14 +29,8 @@ def peer(env: Any, environment_id: str) -> Peer:
 
 
 async def call(link: Peer, method: str, path: str, timeout: float = TIMEOUT, **kwargs: Any) -> Any:
-    """One call to the peer; a TetherError says what went wrong (unreachable, 404 ...)."""
-    try:
-        response = await link.http.request(method, path, timeout=timeout, **kwargs)
-    except httpx.HTTPError as error:
-        raise Unavailable(f"{link.link.name} is unreachable: {type(error).__name__}", "unreachable") from None
-    if response.status_code >= 400:
-        raise _error(response)
-    return response.json()
+    """One short call to the peer; a TetherError says what went wrong (unreachable, 404 …)."""
+    return await link.client.once(method, path, timeout, **kwargs)
 
 
 #: The threads each linked environment last showed us (environment id → thread id →
@@ -126,22 +118,15 @@ async def cursor_lag(link: Peer, timeout: float = TIMEOUT) -> int | None:
     if link.link.kind != "tether":
         return None  # an A2A agent has no event feed of ours to lag behind
     cursor = link.view().get("cursor") or "0"
-    count = 0
+    count, connected = 0, False
     try:
-        async with asyncio.timeout(timeout):
-            async with link.http.stream(
-                "GET", "/api/events", params={"after": cursor, "keepalive": "0.1"}, timeout=timeout
-            ) as response:
-                if response.status_code != 200:
-                    return None
-                async for line in response.aiter_lines():
-                    if line.startswith(": keepalive"):
-                        return count
-                    if line.startswith("event:") and line[6:].strip().startswith("task."):
-                        count += 1
-                        if count >= 10_000:
-                            return count
-    except (httpx.HTTPError, TimeoutError):
+        async with asyncio.timeout(timeout), aclosing(link.client.feed(cursor, 0.1, timeout)) as feed:
+            async for events in feed:
+                if (connected and not events) or count >= 10_000:
+                    return count  # a chunk with nothing but a keepalive: the backlog is read
+                connected = True
+                count += sum(event["type"].startswith("task.") for _, event in events)
+    except (httpx.HTTPError, TetherError, TimeoutError):
         return None
     return count
 

@@ -19,7 +19,7 @@ from tether.domain.records import Link, Run, Task, Thread
 from tether.domain.types import Delivery, RunStatus, TaskStatus
 from tether.domain.views import task_view
 from tether.errors import NotFound
-from tether.peers.links import _sse_events
+from tether.peers.client import sse_events
 from tether.types import ADMIN
 
 
@@ -99,9 +99,9 @@ async def test_a_failing_deferred_write_is_dropped_not_repeated(quiet: World) ->
 
 
 def test_the_feed_parser_keeps_split_frames_for_the_next_chunk() -> None:
-    first, rest = _sse_events(': tether event feed\n\nid: 1\ndata: {"a": 1}\n\nid: 2\nda')
+    first, rest = sse_events(': tether event feed\n\nid: 1\ndata: {"a": 1}\n\nid: 2\nda')
     assert first == [(1, {"a": 1})]
-    second, rest = _sse_events(rest + 'ta: {"a": 2}\r\n\r\n: keepalive\n\nid: 3\n')
+    second, rest = sse_events(rest + 'ta: {"a": 2}\r\n\r\n: keepalive\n\nid: 3\n')
     assert second == [(2, {"a": 2})]
     assert rest == "id: 3\n"
 

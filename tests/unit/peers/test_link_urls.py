@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tether.errors import Invalid
-from tether.peers.links import check_url
+from tether.peers.directory import check_url
 
 
 @pytest.mark.parametrize(
