@@ -922,3 +922,22 @@ def test_queries_show_the_same_state(world: World) -> None:
     shown = len(world.messages(parent_id)) + len(world.messages(child_id))
     assert count(world, Message) == shown
     assert count(world, Item) == 1
+
+
+def test_a_link_and_its_status_are_commands_with_events(world: World) -> None:
+    """Adding a link and what its follower finds are state changes like any other: each
+    one event in the feed; a status reported again unchanged writes nothing (#11)."""
+    added = world.commands.add_link("env_b", "b", "http://127.0.0.1:9", "secret", None, "tether")
+    world.commands.link_status("env_b", "unreachable", "ConnectError")
+    world.commands.link_status("env_b", "unreachable", "ConnectError")
+    again = world.commands.add_link("env_b", "b2", "http://127.0.0.1:10", "new", "lab", "tether")
+    assert (added.status, again.status, again.label) == ("ok", "ok", "lab")
+    assert again.created_at == added.created_at
+    events = [(e.type, e.data) for e in world.store.events_after(0) if e.type.startswith("link.")]
+    assert events == [
+        ("link.added", {"environmentId": "env_b", "name": "b", "kind": "tether"}),
+        ("link.status", {"environmentId": "env_b", "status": "unreachable", "lastError": "ConnectError"}),
+        ("link.added", {"environmentId": "env_b", "name": "b2", "kind": "tether"}),
+    ]
+    assert "secret" not in str(events) and "new" not in str(events)  # the token never leaves the link
+    assert world.commands.link_status("env_missing", "ok", None) is None
