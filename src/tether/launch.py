@@ -48,7 +48,7 @@ class Server:
     def token(self) -> str:
         return (self.data / "admin.token").read_text().strip()
 
-    def start(self, timeout: float = 20.0) -> Server:
+    def start(self, timeout: float = 60.0) -> Server:
         self.data.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(

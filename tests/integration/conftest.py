@@ -17,22 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kit import shutdown
 from tether.launch import Server
-
-from .helpers import kill_group, leftover_wrappers
 
 ServerFactory = Callable[..., Server]
 
 #: The process backends (``TETHER_PROCESSES``) the process-related tests run on.
 PROCESS_BACKENDS = ("linux", "portable")
-
-
-def _shutdown(servers: list[Server]) -> None:
-    for server in servers:
-        server.stop()
-    for server in servers:
-        for pid in leftover_wrappers(server.data):
-            kill_group(pid)
 
 
 @pytest.fixture
@@ -45,7 +36,7 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
         return server
 
     yield start
-    _shutdown(servers)
+    shutdown(servers, graceful=True)
 
 
 @pytest.fixture
@@ -58,7 +49,7 @@ def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("env")
     server = Server(root / "module", "module").start()
     yield server
-    _shutdown([server])
+    shutdown([server], graceful=True)
 
 
 @pytest.fixture(scope="module", params=PROCESS_BACKENDS)
@@ -73,7 +64,7 @@ def backend_server(tmp_path_factory: pytest.TempPathFactory, process_backend: st
     root = tmp_path_factory.mktemp(f"env-{process_backend}")
     server = Server(root / process_backend, process_backend, env={"TETHER_PROCESSES": process_backend})
     yield server.start()
-    _shutdown([server])
+    shutdown([server], graceful=True)
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +72,7 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("env")
     server = Server(root / "shared", "shared").start()
     yield server
-    _shutdown([server])
+    shutdown([server], graceful=True)
 
 
 @pytest.fixture

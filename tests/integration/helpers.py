@@ -6,18 +6,12 @@ feed (``follow_events``) or a pidfd. Timeouts are only upper bounds.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
-import re
-import select
-import signal
 import subprocess
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -163,54 +157,6 @@ def settled_tree(client: httpx.Client, parent_id: str, timeout: float = TIMEOUT)
 # ---------------------------------------------------------------------------- reading
 
 
-def wake_messages(view: dict[str, Any]) -> list[dict[str, Any]]:
-    """Completion wakes: notifications with ``source.kind`` ``delegated_task``."""
-    return [
-        m
-        for m in view["messages"]
-        if m["role"] == "notification" and (m["source"] or {}).get("kind") == "delegated_task"
-    ]
-
-
-def wake_runs(view: dict[str, Any]) -> list[dict[str, Any]]:
-    return [r for r in view["runs"] if r["trigger"]["kind"] == "delegated_task"]
-
-
-def runs_of(view: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [r for r in view["runs"] if r["trigger"]["kind"] == kind]
-
-
-_WAKE_ENTRY = re.compile(r"^\[(?:task|follow-up of \S+) (tsk_[0-9a-f]+)[^\n]*\]\n", re.MULTILINE)
-
-
-def wake_entries(text: str) -> list[tuple[str, str]]:
-    """``[(taskId, result text)]`` of one wake text (SPEC §1: each task once, with its result)."""
-    marks = list(_WAKE_ENTRY.finditer(text))
-    entries = []
-    for n, mark in enumerate(marks):
-        end = marks[n + 1].start() if n + 1 < len(marks) else len(text)
-        entries.append((mark.group(1), text[mark.end() : end].strip()))
-    return entries
-
-
-def reported(view: dict[str, Any]) -> Counter[str]:
-    """How many times each task id was reported across all of a parent's wakes."""
-    seen: Counter[str] = Counter()
-    for message in wake_messages(view):
-        for task_id, _ in wake_entries(message["text"]):
-            seen[task_id] += 1
-    return seen
-
-
-def finals(view: dict[str, Any]) -> Counter[str]:
-    """How many times each task id's entry says FINAL across a parent's wakes."""
-    seen: Counter[str] = Counter()
-    for message in wake_messages(view):
-        for task_id, body in wake_entries(message["text"]):
-            seen[task_id] += body.count("FINAL")
-    return seen
-
-
 # ---------------------------------------------------------------------------- SSE
 
 
@@ -245,84 +191,6 @@ def sse_events(
 
 
 # ---------------------------------------------------------------------------- processes
-
-
-def item_dir(server: Server, item_id: str) -> Path:
-    return server.data / "proc" / item_id
-
-
-def wrapper_pid(server: Server, item_id: str) -> int:
-    """The pid of the wrapper of a background item (its process group leader)."""
-    return int((item_dir(server, item_id) / "pid").read_text().strip())
-
-
-def await_exit(pid: int, timeout: float = 30.0) -> None:
-    """Block until process ``pid`` has ended (a pidfd turns readable): no polling."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        ready, _, _ = select.select([fd], [], [], timeout)
-        assert ready, f"process {pid} still runs after {timeout}s"
-    finally:
-        os.close(fd)
-
-
-def is_alive(pid: int) -> bool:
-    """Running (not ended and not a zombie)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def reap(pid: int) -> None:
-    """Reap ``pid`` if it is our (adopted) child."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
-
-
-def leftover_wrappers(data: Path) -> Iterator[int]:
-    """Pids of background wrappers of the environment at ``data`` that still run."""
-    proc = data / "proc"
-    if not proc.is_dir():
-        return
-    for pid_file in proc.glob("*/pid"):
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(pid_file.read_text().strip())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if str(pid_file.parent).encode() in cmdline:  # ours, not a recycled pid
-                yield pid
-
-
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def set_subreaper(on: bool) -> None:
-    """Make this process adopt the orphans of its descendants (a killed server's commands),
-    so a test can reap them: a process that is gone must really be gone."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
-
-
-def reap_zombie_children(keep: set[int]) -> None:
-    """Reap ended children of ours (adopted orphans), except the pids in ``keep``."""
-    me = str(os.getpid())
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()
-            pid = int(stat_file.parent.name)
-            if fields[1] == me and fields[0] == "Z" and pid not in keep:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
 
 
 def probe_1_with(env: Server, client: httpx.Client, provider: str) -> dict[str, Any]:

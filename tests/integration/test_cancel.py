@@ -12,27 +12,21 @@ from typing import Any
 
 import httpx
 
+from kit import await_exit, is_alive, runs_of, wake_entries, wake_messages, wake_runs, wrapper_pid
 from tether.launch import Server
 
 from .helpers import (
-    await_exit,
     await_threads,
-    is_alive,
     new_thread,
     noting_parent,
     reply,
     rule,
-    runs_of,
     script,
     settled_tree,
     tasks_of,
     thread,
     wait_idle,
     wait_settled,
-    wake_entries,
-    wake_messages,
-    wake_runs,
-    wrapper_pid,
 )
 
 CANCELLED = {"text": None, "runId": None, "status": "cancelled"}

@@ -17,19 +17,15 @@ from typing import Any
 
 import pytest
 
+from kit import link, new_thread, runs_of, shutdown, start_all, wake_messages
 from tether.launch import Server
 
-from .conftest import _shutdown
-from .helpers import delegate, probe_1_with, providers, reply, rule, runs_of, script, thread, wait_idle
+from .helpers import delegate, probe_1_with, providers, reply, rule, script, thread, wait_idle
 from .links.linkkit import (
     assert_delivered_once,
     await_finished,
     first_run_done_with_command,
-    link,
-    new_thread,
     remote_child_started,
-    start_all,
-    wake_messages,
 )
 from .models.anthropic_server import ModelServer
 from .models.claudekit import bash, claude_server, load, model_script, monitor, requires_cli, say
@@ -277,10 +273,10 @@ def victim(tmp_path: Path, model: ModelServer, pair: dict[str, Server]) -> Itera
 
 def stopped(*servers: Server) -> None:
     """SIGKILL (quicker than a graceful stop with sessions open; nothing there is awaited),
-    then what ``_shutdown`` cleans."""
+    then what ``kit.shutdown`` cleans."""
     for server in servers:
         server.kill()
-    _shutdown(list(servers))
+    shutdown(list(servers), graceful=True)
 
 
 @pytest.mark.parametrize(

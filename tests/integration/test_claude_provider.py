@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 import pytest
 
+from kit import shutdown
 from tether.launch import Server
 
-from .conftest import _shutdown
 from .helpers import (
     await_state,
     providers,
@@ -57,7 +57,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     write_config(data)
     server = CliServer(data, "main", env=SANDBOX).start()
     yield server
-    _shutdown([server])
+    shutdown([server], graceful=True)
 
 
 @pytest.fixture
@@ -313,7 +313,7 @@ def test_a_restart_resumes_the_session(tmp_path: Path) -> None:
         starts = [i["argv"] for i in invocations(server) if "argv" in i]
         assert f"--resume={session}" in starts[2] and not any(a.startswith("--resume") for a in starts[3])
     finally:
-        _shutdown([server])
+        shutdown([server], graceful=True)
 
 
 def test_a_lost_session_ends_its_background_work(env: Server, client: httpx.Client) -> None:

@@ -10,19 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kit import wake_messages
 from tether.launch import Server
 
-from .helpers import (
-    await_threads,
-    noting_parent,
-    reply,
-    rule,
-    script,
-    tasks_of,
-    thread,
-    wait_idle,
-    wake_messages,
-)
+from .helpers import await_threads, noting_parent, reply, rule, script, tasks_of, thread, wait_idle
 
 
 def tether(

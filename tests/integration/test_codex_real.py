@@ -29,21 +29,12 @@ from typing import Any
 
 import pytest
 
+from kit import await_exit, is_alive, link, shutdown, tasks_of, thread, wait_settled, wrapper_pid
 from tether.launch import Server, free_port
 from tether.probes import outcome
 from tether.providers.codex import DEFAULT_MODEL, CodexError, CodexEvents, CodexProvider
 
-from .conftest import _shutdown
-from .helpers import await_exit, is_alive, wrapper_pid
-from .links.linkkit import (
-    assert_delivered_once,
-    await_finished,
-    await_on,
-    link,
-    tasks_of,
-    thread,
-    wait_settled,
-)
+from .links.linkkit import assert_delivered_once, await_finished, await_on
 from .models.responses_server import PLAN, ResponsesServer
 
 CODEX = Path(__file__).parents[1] / "agents" / "node_modules" / ".bin" / "codex"
@@ -103,7 +94,7 @@ def envs(tmp_path_factory: pytest.TempPathFactory, model: ResponsesServer) -> It
             link(made["main"], made["peer"])
             yield made
         finally:  # also when a start failed: the other server runs
-            _shutdown(list(made.values()))
+            shutdown(list(made.values()), graceful=True)
 
 
 @pytest.fixture

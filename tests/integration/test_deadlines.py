@@ -17,25 +17,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kit import await_exit, runs_of, wake_entries, wake_messages, wrapper_pid
 from tether.ids import parse_time
 from tether.launch import Server
 
 from .helpers import (
-    await_exit,
     await_state,
     await_threads,
     delegate,
     new_thread,
     reply,
     rule,
-    runs_of,
     script,
     settled_tree,
     tasks_of,
     thread,
-    wake_entries,
-    wake_messages,
-    wrapper_pid,
 )
 from .test_cli import tether
 from .test_mcp import call, credential, failure, idle_script, session

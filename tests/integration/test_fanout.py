@@ -11,6 +11,7 @@ import fcntl
 from pathlib import Path
 from typing import Any
 
+from kit import reported, wake_messages, wake_runs
 from tether.launch import Server
 
 from .helpers import (
@@ -18,14 +19,11 @@ from .helpers import (
     new_thread,
     noting_parent,
     reply,
-    reported,
     rule,
     script,
     settled_tree,
     tasks_of,
     thread,
-    wake_messages,
-    wake_runs,
 )
 
 CHILDREN = 5

@@ -18,11 +18,12 @@ import httpx2
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from kit import runs_of, wake_messages
 from tether.launch import Server
 from tether.providers import PROVIDERS
 from tether.tools.mcp import DESCRIPTIONS, describe
 
-from .helpers import new_thread, reply, rule, runs_of, script, thread, wait_settled, wake_messages
+from .helpers import new_thread, reply, rule, script, thread, wait_settled
 
 TOOLS = {
     "delegate_task", "task_status", "task_cancel", "thread_wait", "thread_send", "thread_read",

@@ -19,11 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
+from kit import shutdown
 from tether.launch import Server
 from tether.probes import outcome
 from tether.providers.openai import _repair
 
-from .conftest import _shutdown
 from .fakes.openai_server import Call, FakeOpenAI, Reply, Text, first_user, last, tool_result
 from .helpers import (
     await_state,
@@ -94,7 +94,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, fake: FakeOpenAI) -> Iterator[
         patch.setenv(KEY_ENV, KEY)  # tether.launch.Server passes the environment on
         server = Server(data, "main").start()
     yield server
-    _shutdown([server])
+    shutdown([server], graceful=True)
 
 
 @pytest.fixture

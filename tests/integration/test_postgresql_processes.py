@@ -17,22 +17,19 @@ from typing import Any
 import psycopg
 import pytest
 
+from kit import finals, runs_of, shutdown, wake_messages
 from tether.launch import Server
 
-from .conftest import _shutdown
 from .helpers import (
     await_threads,
-    finals,
     new_thread,
     noting_parent,
     reply,
     rule,
-    runs_of,
     script,
     settled_tree,
     tasks_of,
     thread,
-    wake_messages,
 )
 from .test_probes import (  # noqa: F401  (collected here: the same checks, two processes)
     drive,
@@ -67,7 +64,7 @@ def run_members(url: str, thread_id: str) -> dict[str, str | None]:
 def pair(tmp_path_factory: pytest.TempPathFactory, pg_cluster: Any) -> Iterator[list[Server]]:
     servers = processes(tmp_path_factory.mktemp("pair"), pg_cluster.database(), "a", "b")
     yield servers
-    _shutdown(servers)
+    shutdown(servers, graceful=True)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +143,7 @@ def killed(tmp_path: Path, pg_cluster: Any) -> Iterator[dict[str, Any]]:
         victim.kill()
         yield {"url": url, "survivor": survivor, "busy": busy, "child": child, "quick": quick, "victim": ran}
     finally:
-        _shutdown(servers)
+        shutdown(servers, graceful=True)
 
 
 def test_a_killed_process_is_recovered_by_the_survivor_and_answers_arrive_once(

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kit import runs_of, wake_messages
 from tether.launch import Server
 from tether.probes import child_script, finished, outcome, parent_script
 
@@ -24,12 +25,10 @@ from .helpers import (
     noting_parent,
     reply,
     rule,
-    runs_of,
     script,
     settled_tree,
     tasks_of,
     thread,
-    wake_messages,
 )
 
 SECONDS = 0.6

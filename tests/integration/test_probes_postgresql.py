@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from kit import shutdown
 from tether.launch import Server
 
-from .conftest import _shutdown
 from .test_probes import (  # noqa: F401  (collected here: the same checks on PostgreSQL)
     probes,
     test_final_delivered_exactly_once,
@@ -30,7 +30,7 @@ def backend_server(tmp_path_factory: pytest.TempPathFactory, pg_cluster: Any) ->
     root = tmp_path_factory.mktemp("env-pg")
     server = Server(root / "pg", "pg", env={"TETHER_STORE": pg_cluster.database()})
     yield server.start()
-    _shutdown([server])
+    shutdown([server], graceful=True)
 
 
 def test_the_environment_lives_in_the_database(backend_server: Server, pg_cluster: Any) -> None:

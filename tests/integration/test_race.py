@@ -12,21 +12,10 @@ from typing import Any
 
 import pytest
 
+from kit import runs_of, wake_messages, wake_runs
 from tether.launch import Server
 
-from .helpers import (
-    new_thread,
-    noting_parent,
-    reply,
-    rule,
-    runs_of,
-    script,
-    tasks_of,
-    thread,
-    wait_settled,
-    wake_messages,
-    wake_runs,
-)
+from .helpers import new_thread, noting_parent, reply, rule, script, tasks_of, thread, wait_settled
 
 REPEATS = 100
 

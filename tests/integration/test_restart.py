@@ -23,32 +23,34 @@ from typing import Any
 import httpx
 import pytest
 
-from tether.launch import Server
-
-from .helpers import (
+from kit import (
     await_exit,
-    await_threads,
-    delegate,
     finals,
     is_alive,
     kill_group,
     leftover_wrappers,
-    new_thread,
-    noting_parent,
     reap,
     reap_zombie_children,
+    runs_of,
+    set_subreaper,
+    wake_messages,
+    wake_runs,
+    wrapper_pid,
+)
+from tether.launch import Server
+
+from .helpers import (
+    await_threads,
+    delegate,
+    new_thread,
+    noting_parent,
     reply,
     rule,
-    runs_of,
     script,
-    set_subreaper,
     settled_tree,
     tasks_of,
     thread,
     wait_idle,
-    wake_messages,
-    wake_runs,
-    wrapper_pid,
 )
 
 

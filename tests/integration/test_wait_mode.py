@@ -7,21 +7,10 @@ result hands it back to the caller and wakes nobody.
 
 from __future__ import annotations
 
+from kit import runs_of, wake_messages, wake_runs
 from tether.launch import Server
 
-from .helpers import (
-    delegate,
-    new_thread,
-    reply,
-    rule,
-    runs_of,
-    script,
-    settled_tree,
-    tasks_of,
-    thread,
-    wake_messages,
-    wake_runs,
-)
+from .helpers import delegate, new_thread, reply, rule, script, settled_tree, tasks_of, thread
 
 
 def slow_child(seconds: float) -> dict:

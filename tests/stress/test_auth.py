@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from .kit import mint, new_thread, note, poll, wait_idle
+from kit import mint, new_thread, poll
+
+from .stresskit import note, wait_idle
 
 SECRET_ADMIN, SECRET_OTHER = "SECRET-OF-THE-ADMIN", "SECRET-OF-ANOTHER-TOKEN"
 EXTRA_ROUTES = [("GET", "/mcp"), ("POST", "/mcp"), ("DELETE", "/mcp"), ("GET", "/openapi.json"),

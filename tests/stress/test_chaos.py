@@ -29,18 +29,9 @@ from typing import Any
 
 import pytest
 
-from .kit import (
-    FULL,
-    Pulse,
-    check_exactly_once,
-    leftover_wrappers,
-    link,
-    new_thread,
-    note,
-    rng_for,
-    start_all,
-    wait_idle,
-)
+from kit import leftover_wrappers, link, new_thread, start_all
+
+from .stresskit import FULL, Pulse, check_exactly_once, note, rng_for, wait_idle
 
 if FULL:
     PARENTS, PER_PARENT = 46, 10  # 460 tasks up front ...

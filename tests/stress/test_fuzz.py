@@ -30,9 +30,10 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
+from kit import new_thread
 from tether.tools.mcp import SESSIONS_PER_TOKEN
 
-from .kit import FULL, SEED, new_thread, note, wait_idle
+from .stresskit import FULL, SEED, note, wait_idle
 
 EXAMPLES = 200 if FULL else 12  # per operation and per kind of generation
 MCP_EXAMPLES = 2000 if FULL else 60

@@ -19,20 +19,10 @@ import threading
 from collections import Counter
 from typing import Any
 
-from .kit import (
-    FULL,
-    SEED,
-    Pulse,
-    check_exactly_once,
-    link,
-    new_thread,
-    note,
-    poll,
-    rng_for,
-    start_all,
-    wait_idle,
-)
+from kit import link, new_thread, poll, start_all
+
 from .load import Client, Record, run_load
+from .stresskit import FULL, SEED, Pulse, check_exactly_once, note, rng_for, wait_idle
 
 PARENTS, CHILDREN, CLIENTS, SECONDS = (8, 10, 4, 60.0) if FULL else (3, 2, 2, 20.0)
 

@@ -20,20 +20,10 @@ from typing import Any
 import pytest
 
 from integration.links.blackhole import BlackholeProxy
+from kit import link, new_thread, start_all, wake_entries, wake_messages
 from tether.ids import parse_time
 
-from .kit import (
-    FULL,
-    Pulse,
-    check_exactly_once,
-    link,
-    new_thread,
-    note,
-    rng_for,
-    start_all,
-    wake_entries,
-    wake_messages,
-)
+from .stresskit import FULL, Pulse, check_exactly_once, note, rng_for
 
 if FULL:
     BLACK_SECONDS, HEAL_BOUND = 60.0, 2.0

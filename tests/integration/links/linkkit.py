@@ -12,14 +12,12 @@ import json
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
-
+from kit import new_thread, tasks_of, thread, wake_messages
 from tether.launch import Server, follow_events
 from tether.probes import finished, outcome, parent_script
 
@@ -33,70 +31,6 @@ EXPECTED_AS = {1: "follow-up", 2: "result", 3: "result", 4: "result", 5: "follow
 
 
 # ---------------------------------------------------------------------- servers
-
-
-def start_all(servers: Iterable[Server]) -> None:
-    """Start several servers at once (each start takes a second or two)."""
-    servers = list(servers)
-    with ThreadPoolExecutor(max(1, len(servers))) as pool:
-        for future in [pool.submit(s.start) for s in servers]:
-            future.result()
-
-
-def env_id(server: Server) -> str:
-    return str(httpx.get(f"{server.url}/api/health", timeout=5).json()["environmentId"])
-
-
-def mint(peer: Server, label: str) -> dict[str, Any]:
-    """A link token minted by ``peer``: ``{tokenId, token, ...}``."""
-    with peer.client() as client:
-        response = client.post("/api/link-tokens", json={"label": label})
-    assert response.status_code == 201, response.text
-    return dict(response.json())
-
-
-def link(origin: Server, peer: Server, label: str | None = None, url: str | None = None) -> dict[str, Any]:
-    """Link ``origin`` → ``peer`` (or → ``url``, e.g. a proxy in front of the peer) with a
-    fresh token minted by the peer. Returns the token and the link as the origin shows it."""
-    token = mint(peer, f"for {origin.name}")
-    body: dict[str, Any] = {"url": url or peer.url, "token": token["token"]}
-    if label is not None:
-        body["label"] = label
-    with origin.client() as client:
-        response = client.post("/api/links", json=body)
-    assert response.status_code in (200, 201), response.text
-    return {**token, "link": response.json()}
-
-
-def links(server: Server) -> list[dict[str, Any]]:
-    with server.client() as client:
-        response = client.get("/api/links")
-    assert response.status_code == 200, response.text
-    return list(response.json()["links"])
-
-
-def poll(fn: Callable[[], T], timeout: float, what: str) -> T:
-    """Bounded polling, only for state that no event announces. Fails with ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(POLL_INTERVAL)  # polling interval: there is no event to await for this
-
-
-def link_status(origin: Server, environment_id: str, wanted: Callable[[dict[str, Any]], bool],
-                timeout: float, what: str) -> dict[str, Any]:
-    """Poll the origin's ``GET /api/links`` until the link to ``environment_id`` matches.
-
-    There is no event for a link's status, so this is a bounded poll."""
-    def check() -> dict[str, Any] | None:
-        found = next((entry for entry in links(origin) if entry["environmentId"] == environment_id), None)
-        return found if found is not None and wanted(found) else None
-
-    return poll(check, timeout, what)
 
 
 def cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -119,39 +53,6 @@ def parent_of(child: dict[str, Any], environment: str | None, title: str = "chil
     ]}
 
 
-def new_thread(server: Server, script: dict[str, Any], title: str = "parent",
-               token: str | None = None) -> str:
-    headers = {"Authorization": f"Bearer {token or server.token}"}
-    response = httpx.post(f"{server.url}/api/threads", headers=headers, timeout=30, json={
-        "provider": "script", "title": title, "message": json.dumps(script)})
-    assert response.status_code == 201, response.text
-    return str(response.json()["threadId"])
-
-
-def thread(server: Server, thread_id: str) -> dict[str, Any]:
-    with server.client() as client:
-        response = client.get(f"/api/threads/{thread_id}")
-    assert response.status_code == 200, response.text
-    return dict(response.json())
-
-
-def tasks_of(server: Server, parent_thread_id: str) -> list[dict[str, Any]]:
-    with server.client() as client:
-        response = client.get("/api/tasks", params={"parentThreadId": parent_thread_id})
-    assert response.status_code == 200, response.text
-    return list(response.json()["tasks"])
-
-
-def wait_settled(server: Server, thread_id: str, timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
-    with server.client(timeout=timeout + 10) as client:
-        response = client.get(f"/api/threads/{thread_id}/wait",
-                              params={"untilSettled": "true", "timeoutMs": int(timeout * 1000)})
-    assert response.status_code == 200, response.text
-    answer = response.json()
-    assert not answer["timedOut"], f"thread {thread_id} did not settle within {timeout}s"
-    return dict(answer)
-
-
 def await_on(server: Server, check: Callable[[], T], timeout: float, what: str) -> T:
     """Re-check after every event of ``server``'s feed until ``check()`` is truthy."""
     result = follow_events(server.url, server.token, check, timeout)
@@ -170,15 +71,6 @@ def await_finished(origin: Server, parent_id: str, timeout: float = PROBE_TIMEOU
     tasks, parent = await_on(origin, check, timeout, f"parent {parent_id} to receive FINAL")
     assert finished(tasks, parent), ("the parent settled without FINAL", parent["runs"], tasks)
     return tasks, parent
-
-
-def wake_messages(parent: dict[str, Any]) -> list[dict[str, Any]]:
-    return [m for m in parent["messages"]
-            if m["role"] == "notification" and (m["source"] or {}).get("kind") == "delegated_task"]
-
-
-def wake_runs(parent: dict[str, Any]) -> list[dict[str, Any]]:
-    return [r for r in parent["runs"] if r["trigger"]["kind"] == "delegated_task"]
 
 
 def final_count(parent: dict[str, Any]) -> int:
@@ -252,11 +144,6 @@ def read_link_row(db: Path, environment_id: str) -> dict[str, Any]:
         row = conn.execute("SELECT data FROM links WHERE environment_id = ?", (environment_id,)).fetchone()
     assert row is not None, f"no link to {environment_id} in {db}"
     return dict(json.loads(row[0]))
-
-
-def process_gone(pid: int) -> bool:
-    """The process has exited *and* been reaped (a zombie still has a /proc entry)."""
-    return not Path(f"/proc/{pid}").exists()
 
 
 def await_delivered(origin: Server, parent_id: str, count: int, timeout: float = 30.0

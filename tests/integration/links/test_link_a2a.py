@@ -20,22 +20,9 @@ from a2a.client import ClientConfig, create_client
 from a2a.types import a2a_pb2 as pb
 from a2a_agent import AgentProcess
 from blackhole import BlackholeProxy
-from linkkit import (
-    assert_delivered_once,
-    await_delivered,
-    await_finished,
-    await_on,
-    cli,
-    link_status,
-    links,
-    mint,
-    new_thread,
-    parent_of,
-    tasks_of,
-    thread,
-    wake_messages,
-)
+from linkkit import assert_delivered_once, await_delivered, await_finished, await_on, cli, parent_of
 
+from kit import link_status, links, mint, new_thread, tasks_of, thread, wake_messages
 from tether.ids import parse_time
 from tether.launch import Server, follow_events, free_port
 from tether.probes import parent_script

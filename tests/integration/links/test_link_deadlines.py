@@ -16,24 +16,20 @@ from typing import Any
 
 import pytest
 from blackhole import BlackholeProxy
-from linkkit import (
-    await_delivered,
-    await_on,
+from linkkit import await_delivered, await_on, final_count, first_run_done_with_command, remote_child_started
+
+from kit import (
     env_id,
-    final_count,
-    first_run_done_with_command,
     link,
     link_status,
     new_thread,
     poll,
     process_gone,
-    remote_child_started,
     start_all,
     tasks_of,
     thread,
     wake_messages,
 )
-
 from tether.ids import parse_time
 from tether.launch import Server
 

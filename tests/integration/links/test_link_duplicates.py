@@ -11,19 +11,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from linkkit import (
-    EXPECTED_AS,
-    assert_delivered_once,
-    env_id,
-    link,
-    poll,
-    read_link_row,
-    run_probes,
-    start_all,
-    tasks_of,
-    thread,
-    wait_settled,
-)
+from linkkit import EXPECTED_AS, assert_delivered_once, read_link_row, run_probes
+
+from kit import env_id, link, poll, start_all, tasks_of, thread, wait_settled
 
 PROBES = [1, 2, 3, 4, 5, 6]
 

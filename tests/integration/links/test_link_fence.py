@@ -18,20 +18,12 @@ from linkkit import (
     await_delivered,
     await_finished,
     await_on,
-    env_id,
     first_run_done_with_command,
-    link,
-    link_status,
-    mint,
-    new_thread,
     parent_of,
     remote_child_started,
-    start_all,
-    tasks_of,
-    thread,
-    wait_settled,
 )
 
+from kit import env_id, link, link_status, mint, new_thread, start_all, tasks_of, thread, wait_settled
 from tether.launch import Server
 
 REPLY = {"tether_script": 1, "rules": [{"on": "start", "do": [{"reply": "FINAL"}]}]}

@@ -22,18 +22,11 @@ from linkkit import (
     await_finished,
     await_on,
     first_run_done_with_command,
-    link,
-    new_thread,
     parent_of,
-    poll,
-    process_gone,
     remote_child_started,
-    start_all,
-    tasks_of,
-    thread,
-    wake_messages,
 )
 
+from kit import link, new_thread, poll, process_gone, start_all, tasks_of, thread, wake_messages
 from tether.launch import Server
 
 WAITING = {"reply": "WAITING"}

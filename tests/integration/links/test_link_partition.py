@@ -11,20 +11,9 @@ from typing import Any
 
 import pytest
 from blackhole import BlackholeProxy
-from linkkit import (
-    assert_delivered_once,
-    await_finished,
-    await_on,
-    env_id,
-    final_count,
-    link,
-    link_status,
-    new_thread,
-    start_all,
-    tasks_of,
-    thread,
-)
+from linkkit import assert_delivered_once, await_finished, await_on, final_count
 
+from kit import env_id, link, link_status, new_thread, start_all, tasks_of, thread
 from tether.ids import parse_time
 from tether.launch import Server, follow_events
 from tether.probes import parent_script

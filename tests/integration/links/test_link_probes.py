@@ -7,21 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from linkkit import (
-    EXPECTED_AS,
-    await_on,
-    env_id,
-    link,
-    new_thread,
-    run_probes,
-    start_all,
-    tasks_of,
-    thread,
-    wait_settled,
-    wake_messages,
-    wake_runs,
-)
+from linkkit import EXPECTED_AS, await_on, run_probes
 
+from kit import env_id, link, new_thread, start_all, tasks_of, thread, wait_settled, wake_messages, wake_runs
 from tether.launch import Server
 
 PROBES = [1, 2, 3, 4, 5, 6]

@@ -8,18 +8,9 @@ import time
 from typing import Any
 
 from blackhole import BlackholeProxy
-from linkkit import (
-    assert_delivered_once,
-    await_delivered,
-    await_finished,
-    env_id,
-    link,
-    link_status,
-    new_thread,
-    start_all,
-    thread,
-    wait_settled,
-)
+from linkkit import assert_delivered_once, await_delivered, await_finished
+
+from kit import env_id, link, link_status, new_thread, start_all, thread, wait_settled
 
 #: SPEC G7 says 2 s from healing to delivery; a generous bound for a loaded 2-core machine.
 HEAL_BOUND_SECONDS = 5.0

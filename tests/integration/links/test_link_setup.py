@@ -11,24 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from linkkit import (
-    assert_delivered_once,
-    await_finished,
-    cli,
-    env_id,
-    link,
-    link_status,
-    links,
-    mint,
-    new_thread,
-    parent_of,
-    read_link_row,
-    start_all,
-    tasks_of,
-    thread,
-    wait_settled,
-)
+from linkkit import assert_delivered_once, await_finished, cli, parent_of, read_link_row
 
+from kit import env_id, link, link_status, links, mint, new_thread, start_all, tasks_of, thread, wait_settled
 from tether.launch import Server, free_port
 from tether.probes import parent_script
 

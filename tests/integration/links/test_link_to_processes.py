@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import Servers
-from linkkit import EXPECTED_AS, link, run_probes
+from linkkit import EXPECTED_AS, run_probes
+
+from kit import Servers, link
 
 
 def test_a_link_to_a_two_process_environment_delivers_every_answer_once(

@@ -4,37 +4,22 @@ to alpha. Every server is stopped at the end, with the background commands it le
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from webkit import CHROMIUM, CHROMIUM_ARGS, WAIT_MS, chromium_or_skip, link, sign_in
+from webkit import CHROMIUM, CHROMIUM_ARGS, chromium_or_skip, open_page
 
+from kit import link, shutdown, start_all
 from tether.launch import Server
 
 
 def start_pair(root: Path) -> dict[str, Server]:
     alpha, beta = Server(root / "alpha", "alpha"), Server(root / "beta", "beta")
-    with ThreadPoolExecutor(2) as pool:
-        # a slow start on a busy machine is not what these tests check
-        for future in [pool.submit(alpha.start, 90.0), pool.submit(beta.start, 90.0)]:
-            future.result()
+    start_all([alpha, beta], 90.0)  # a slow start on a busy machine is not what these tests check
     link(alpha, beta)
     return {"alpha": alpha, "beta": beta}
-
-
-def stop_all(servers: list[Server]) -> None:
-    for server in servers:
-        server.stop()
-    for server in servers:
-        for pid_file in (server.data / "proc").glob("*/pid"):
-            with contextlib.suppress(OSError, ValueError):
-                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +28,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]
     try:
         yield servers
     finally:
-        stop_all(list(servers.values()))
+        shutdown(list(servers.values()), graceful=True)
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +44,6 @@ def browser() -> Iterator[Any]:
             yield found
         finally:
             found.close()
-
-
-def open_page(browser: Any, server: Server, width: int = 1200, height: int = 860) -> tuple[Any, list[str]]:
-    """A new browser context signed in to ``server``, and the script errors it collects."""
-    context = browser.new_context(viewport={"width": width, "height": height})
-    context.set_default_timeout(WAIT_MS)
-    found = context.new_page()
-    errors: list[str] = []
-    found.on("pageerror", lambda error: errors.append(str(error)))
-    sign_in(found, server)
-    return found, errors
 
 
 @pytest.fixture

@@ -12,21 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import open_page
-from webkit import (
-    api,
-    await_view,
-    health,
-    new_thread,
-    screenshot,
-    thread,
-    unique_ids,
-    wait_settled,
-)
+from webkit import api, await_view, health, open_page, screenshot, unique_ids
 from webkit import (
     expect as webkit_expect,
 )
 
+from kit import new_thread, thread, wait_settled
 from tether.launch import Server
 from tether.probes import child_script
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import open_page
-from webkit import await_view, expect, new_thread, screenshot, thread, unique_ids, wait_settled
+from webkit import await_view, expect, open_page, screenshot, unique_ids
 
+from kit import new_thread, thread, wait_settled
 from tether.launch import Server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

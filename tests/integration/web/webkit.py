@@ -7,7 +7,6 @@ Waits are on DOM states (Playwright's ``expect``) or on the servers' own event f
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kit import thread
 from tether.launch import Server, follow_events
 
 CHROMIUM = "/usr/bin/chromium"
@@ -64,27 +64,6 @@ def api(server: Server, method: str, path: str, **kwargs: Any) -> Any:
     return response.json()
 
 
-def link(origin: Server, peer: Server) -> dict[str, Any]:
-    token = api(peer, "POST", "/api/link-tokens", json={"label": f"for {origin.name}"})["token"]
-    return dict(api(origin, "POST", "/api/links", json={"url": peer.url, "token": token}))
-
-
-def new_thread(server: Server, script: dict[str, Any], title: str) -> str:
-    body = {"provider": "script", "title": title, "message": json.dumps(script)}
-    return str(api(server, "POST", "/api/threads", json=body)["threadId"])
-
-
-def thread(server: Server, thread_id: str) -> dict[str, Any]:
-    return dict(api(server, "GET", f"/api/threads/{thread_id}"))
-
-
-def wait_settled(server: Server, thread_id: str, timeout: float = TIMEOUT) -> None:
-    with server.client(timeout=timeout + 10) as client:
-        params = {"untilSettled": "true", "timeoutMs": int(timeout * 1000)}
-        answer = client.get(f"/api/threads/{thread_id}/wait", params=params).json()
-    assert answer["settled"] and not answer["timedOut"], answer
-
-
 def await_view(server: Server, thread_id: str, check: Any, what: str, timeout: float = TIMEOUT) -> Any:
     """Re-read the thread after every event of the server's feed until ``check(view)``."""
 
@@ -123,3 +102,14 @@ def unique_ids(page: Any) -> list[str]:
 
 def health(server: Server) -> dict[str, Any]:
     return dict(httpx.get(f"{server.url}/api/health", timeout=5).json())
+
+
+def open_page(browser: Any, server: Server, width: int = 1200, height: int = 860) -> tuple[Any, list[str]]:
+    """A new browser context signed in to ``server``, and the script errors it collects."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    context.set_default_timeout(WAIT_MS)
+    found = context.new_page()
+    errors: list[str] = []
+    found.on("pageerror", lambda error: errors.append(str(error)))
+    sign_in(found, server)
+    return found, errors

@@ -8,23 +8,19 @@ drawn once per session; it is printed in the summary so a failing run can be rep
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import random
-import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
-from tether.launch import Server, free_port
+from kit import wake_entries, wake_messages
+from tether.launch import Server
 
 T = TypeVar("T")
 
@@ -53,81 +49,6 @@ def rng_for(name: str) -> random.Random:
 
 
 # ---------------------------------------------------------------------- servers
-
-
-class StressServer(Server):
-    """A ``tether serve`` whose failure to start says why (its log's tail), and which picks
-    another port if the first one it was given was taken before its first start."""
-
-    started = False
-
-    def start(self, timeout: float = 60.0) -> StressServer:
-        for attempt in range(3):
-            mark = self.log.stat().st_size if self.log.exists() else 0
-            try:
-                super().start(timeout)
-            except RuntimeError as error:
-                tail = self.log_tail(mark)
-                if not self.started and "address already in use" in tail.lower() and attempt < 2:
-                    self.port = free_port()
-                    continue
-                raise RuntimeError(f"{error}\n--- {self.name}.log ---\n{tail[-3000:]}") from None
-            self.started = True
-            return self
-        raise AssertionError("unreachable")
-
-    def log_tail(self, mark: int = 0) -> str:
-        if not self.log.exists():
-            return ""
-        with open(self.log, "rb") as log:
-            log.seek(mark)
-            return log.read().decode("utf-8", "replace")
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def get(self, path: str, **params: Any) -> Any:
-        with self.client() as client:
-            response = client.get(path, params=params or None)
-        assert response.status_code == 200, (self.name, path, response.status_code, response.text[:500])
-        return response.json()
-
-
-def start_all(servers: Iterable[Server]) -> None:
-    """Start several servers at once (each start takes a second or two on 2 cores)."""
-    servers = list(servers)
-    with ThreadPoolExecutor(max(1, len(servers))) as pool:
-        for future in [pool.submit(s.start) for s in servers]:
-            future.result()
-
-
-def env_id(server: Server) -> str:
-    return str(httpx.get(f"{server.url}/api/health", timeout=10).json()["environmentId"])
-
-
-def mint(peer: Server, label: str) -> dict[str, Any]:
-    with peer.client() as client:
-        response = client.post("/api/link-tokens", json={"label": label})
-    assert response.status_code == 201, response.text
-    return dict(response.json())
-
-
-def link(origin: Server, peer: Server, url: str | None = None) -> dict[str, Any]:
-    """Link ``origin`` → ``peer`` (or → ``url``, a proxy in front of it) with a fresh token."""
-    token = mint(peer, f"for {origin.name}")
-    with origin.client() as client:
-        response = client.post("/api/links", json={"url": url or peer.url, "token": token["token"]})
-    assert response.status_code in (200, 201), response.text
-    return {**token, "link": response.json()}
-
-
-def new_thread(server: Server, script: dict[str, Any], title: str, token: str | None = None) -> str:
-    headers = {"Authorization": f"Bearer {token or server.token}"}
-    response = httpx.post(f"{server.url}/api/threads", headers=headers, timeout=60, json={
-        "provider": "script", "title": title, "message": json.dumps(script)})
-    assert response.status_code == 201, response.text
-    return str(response.json()["threadId"])
 
 
 def wait_idle(server: Server, thread_id: str, timeout: float = 60.0) -> None:
@@ -198,37 +119,7 @@ class Pulse:
             self._flag.wait(min(left, self.keepalive * 3))
 
 
-def poll(fn: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Bounded polling, only for state that no event announces. Fails with ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)  # polling interval: there is no event to await for this
-
-
 # ---------------------------------------------------------------------- reading wakes
-
-WAKE_ENTRY = re.compile(r"^\[(?:task|follow-up of \S+) (tsk_[0-9A-Za-z]+)[^\n]*\]\n", re.MULTILINE)
-
-
-def wake_messages(view: dict[str, Any]) -> list[dict[str, Any]]:
-    """A thread's completion wakes: notifications with ``source.kind`` ``delegated_task``."""
-    return [m for m in view["messages"]
-            if m["role"] == "notification" and (m["source"] or {}).get("kind") == "delegated_task"]
-
-
-def wake_entries(text: str) -> list[tuple[str, str]]:
-    """``[(taskId, result text)]`` of one wake text (SPEC §1: each task once, with its result)."""
-    marks = list(WAKE_ENTRY.finditer(text))
-    entries = []
-    for n, mark in enumerate(marks):
-        end = marks[n + 1].start() if n + 1 < len(marks) else len(text)
-        entries.append((mark.group(1), text[mark.end():end].strip()))
-    return entries
 
 
 @dataclass
@@ -311,24 +202,3 @@ def check_exactly_once(parents: dict[str, dict[str, Any]], tasks: list[dict[str,
 # ---------------------------------------------------------------------- processes
 
 
-def leftover_wrappers(data: Path) -> Iterator[int]:
-    """Pids of the background wrappers of the environment at ``data`` that still run."""
-    proc = data / "proc"
-    if not proc.is_dir():
-        return
-    for pid_file in proc.glob("*/pid"):
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(pid_file.read_text().strip())
-            if str(pid_file.parent).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                yield pid
-
-
-def shutdown(servers: Iterable[Server]) -> None:
-    """SIGKILL the servers and the background commands they left (they outlive tether)."""
-    servers = list(servers)
-    for server in servers:
-        server.kill()
-    for server in servers:
-        for pid in leftover_wrappers(server.data):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, 9)
