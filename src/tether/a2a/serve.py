@@ -338,7 +338,7 @@ class TetherHandler(RequestHandler):
                     event.metadata.update({"tether.eventId": str(seen)})
                     yield event
                 sent[task.id] = task
-            if not live or (who.kind == "link" and not self.env.token_active(who.token_id or "")):
+            if not live or (who.kind == "link" and not self.env.tokens.active(who.token_id or "")):
                 return  # done; or the token was revoked: the stream ends, a reconnect gets 401
             child = f"thread:{tasks[0].child_thread_id}"
             await self.env.runtime.notifier.wait_until(
@@ -560,7 +560,7 @@ def _guarded(
 
     async def guarded(request: Request) -> Response:
         try:
-            who = env.authenticate(bearer(request))
+            who = env.tokens.authenticate(bearer(request))
             if who.kind not in ("admin", "link"):
                 raise Forbidden("A2A takes the admin token or a link token, not a thread credential")
             request.scope["tether.caller"] = who

@@ -30,4 +30,4 @@ def bearer(request: Request) -> str | None:
 
 
 async def caller(request: Request) -> Caller:
-    return environment(request).authenticate(bearer(request))
+    return environment(request).tokens.authenticate(bearer(request))

@@ -67,7 +67,7 @@ async def events(
     cursor = _cursor(env, after, request.headers.get("last-event-id"))
     token = who.token_id if who.kind == "link" else None
     if token is not None and cursor:
-        env.acknowledge(token, cursor)
+        env.tokens.acknowledge(token, cursor)
     if who.kind == "thread":
         token = "-"  # a thread credential reads its thread through the tools, not the feed
 
@@ -75,7 +75,7 @@ async def events(
         nonlocal cursor
         yield ": tether event feed\n\n"
         while not await request.is_disconnected():
-            if token is not None and who.kind == "link" and not env.token_active(token):
+            if token is not None and who.kind == "link" and not env.tokens.active(token):
                 return  # revoked: the stream ends now, and the reconnect gets 401
             top = env.store.last_event_seq()
             batch = env.store.events_after(cursor, 500, token)

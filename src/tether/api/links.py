@@ -10,6 +10,7 @@ from pydantic import Field
 
 from tether.api.auth import caller, environment_dependency
 from tether.api.models import LinkRequest, LinkTokenRequest, _Body
+from tether.engine.tokens import token_view
 from tether.environment import Environment
 from tether.errors import Forbidden
 from tether.types import Caller
@@ -38,31 +39,20 @@ class AcceptTask(_Body):
 @router.post("/api/link-tokens", status_code=201)
 async def create_link_token(body: LinkTokenRequest, who: Who, env: Env) -> dict[str, Any]:
     _admin(who)
-    record, token = env.mint_token(body.label)
+    record, token = env.tokens.mint(body.label)
     return {"tokenId": record.id, "token": token, "label": record.label, "createdAt": record.created_at}
-
-
-def _token_view(record: Any) -> dict[str, Any]:
-    return {
-        "tokenId": record.id,
-        "label": record.label,
-        "createdAt": record.created_at,
-        "lastUsedAt": record.last_used_at,
-        "revoked": record.revoked,
-        "ackedEventId": str(record.acked_seq),
-    }
 
 
 @router.get("/api/link-tokens")
 async def list_link_tokens(who: Who, env: Env) -> dict[str, Any]:
     _admin(who)
-    return {"tokens": [_token_view(t) for t in env.tokens()]}
+    return {"tokens": [token_view(t) for t in env.tokens.list()]}
 
 
 @router.delete("/api/link-tokens/{token_id}")
 async def revoke_link_token(token_id: str, who: Who, env: Env) -> dict[str, Any]:
     _admin(who)
-    record = env.revoke_token(token_id)
+    record = env.tokens.revoke(token_id)
     return {"tokenId": record.id, "revoked": True}
 
 

@@ -95,7 +95,7 @@ async def credentials(
     if who.kind != "admin":
         raise Forbidden("only the admin token can mint thread credentials")
     env.queries.thread(who, thread_id)  # 404 for an unknown thread
-    record, token = env.mint_token(
+    record, token = env.tokens.mint(
         f"thread {thread_id}", "thread", thread_id, body.ttlSeconds if body else None
     )
     base = str(request.base_url).rstrip("/")

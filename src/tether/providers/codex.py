@@ -290,7 +290,7 @@ class CodexProvider:
             return None, None
         cached = self._credentials.get(turn.thread.id)
         if cached is None or cached[1] - time.monotonic() < self.credential_ttl_s / 4:
-            _, token = environment.mint_token(
+            _, token = environment.tokens.mint(
                 f"codex session of {turn.thread.id}", "thread", turn.thread.id, self.credential_ttl_s
             )
             cached = (token, time.monotonic() + self.credential_ttl_s)

@@ -215,7 +215,7 @@ class _Guard:
         headers = dict(scope.get("headers") or [])
         scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         try:
-            caller = self.env.authenticate(token.strip() if scheme.lower() == "bearer" else None)
+            caller = self.env.tokens.authenticate(token.strip() if scheme.lower() == "bearer" else None)
         except Unauthorized as error:
             await error_response(401, error.code, error.message)(scope, receive, send)
             return
@@ -269,7 +269,7 @@ def build(env: Environment) -> tuple[ASGIApp, Callable[[], Any]]:
         ),
     )
     for name, description in DESCRIPTIONS.items():
-        server.add_tool(_tool(env.tools, name, env.authenticate), name=name, description=description)
+        server.add_tool(_tool(env.tools, name, env.tokens.authenticate), name=name, description=description)
         tool = server._tool_manager.get_tool(name)
         tool.parameters = inline_refs(tool.parameters)
     inner = server.streamable_http_app(

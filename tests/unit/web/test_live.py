@@ -401,14 +401,13 @@ def test_a_monitor_s_progress_runs_are_one_group_at_its_latest_line(tmp_path: Pa
 async def test_a_failed_read_of_a_linked_row_shows_the_last_one_seen() -> None:
     """A peer that stops answering (here: nothing listens on its port) keeps its rows,
     marked stale with the error, instead of dropping the update."""
-    import httpx
-
+    from tether.peers.client import PeerClient
     from tether.web import remote
 
     class Link:  # what the page reads of a peer: its name, id and client
         environment_id = "env_gone"
         link = type("L", (), {"name": "gone", "status": "ok"})()
-        http = httpx.AsyncClient(base_url="http://127.0.0.1:9", timeout=1.0)
+        client = PeerClient("http://127.0.0.1:9", "ttl_x", "gone")
 
     summary = {
         "threadId": "thr_r",
@@ -421,7 +420,7 @@ async def test_a_failed_read_of_a_linked_row_shows_the_last_one_seen() -> None:
         found = await remote.thread_summary(Link(), "thr_r")  # type: ignore[arg-type]
         unknown = await remote.thread_summary(Link(), "thr_new")  # type: ignore[arg-type]
     finally:
-        await Link.http.aclose()
+        await Link.client.aclose()
     assert found["title"] == "remote job" and found["attention"] == "working"
     assert "gone is unreachable" in found["stale"]["error"] and found["stale"]["seenAt"]
     row = model.thread_row(found, model.Context(ENV, "here", {"env_gone": "gone"}))

@@ -346,7 +346,7 @@ class ClaudeProvider:
                 "claude thread %s: no base URL known; the session gets no tether tools", turn.thread.id
             )
             return None
-        _, token = environment.mint_token(
+        _, token = environment.tokens.mint(
             f"claude session of {turn.thread.id}", "thread", turn.thread.id, self.credential_ttl_s
         )
         path = Path(environment.data_dir) / "providers" / "claude" / f"{turn.thread.id}.mcp.json"

@@ -14,6 +14,7 @@ from fastapi.responses import (
 
 from tether import __version__
 from tether.api.auth import environment
+from tether.engine.tokens import token_view
 from tether.environment import Environment
 from tether.errors import Invalid, TetherError
 from tether.web import remote
@@ -34,16 +35,6 @@ router = APIRouter(include_in_schema=False)
 LINK_WATCH = 0.5
 #: How often it re-measures each link's cursor lag (a read of the peer's feed) unchanged.
 LAG_REFRESH = 10.0
-
-
-def _token_view(record: Any) -> dict[str, Any]:
-    return {
-        "tokenId": record.id,
-        "label": record.label,
-        "createdAt": record.created_at,
-        "lastUsedAt": record.last_used_at,
-        "revoked": record.revoked,
-    }
 
 
 async def _links(env: Environment) -> list[dict[str, Any]]:
@@ -97,7 +88,7 @@ async def environments_page(request: Request) -> Response:
         "Environments",
         page="environments",
         links=await _links(env),
-        tokens=[_token_view(t) for t in env.tokens()],
+        tokens=[token_view(t) for t in env.tokens.list()],
         counts=summary,
         base_url=env.base_url,
         version=__version__,
@@ -113,18 +104,18 @@ async def create_link_token(request: Request) -> Response:
     label = form.get("label", "").strip()
     if not label or len(label) > 200:
         raise Invalid("a link token needs a label of 1 to 200 characters")
-    record, secret = env.mint_token(label)
+    record, secret = env.tokens.mint(label)
     notice = f"Link token “{label}” created. Copy it now: it is not shown again."
-    return action_answer(request, [_token_fragment(_token_view(record))], notice, secret=secret)
+    return action_answer(request, [_token_fragment(token_view(record))], notice, secret=secret)
 
 
 @router.post("/ui/link-tokens/{token_id}/revoke")
 async def revoke_link_token(request: Request, token_id: str) -> Response:
     env = guard(request)
-    record = env.revoke_token(token_id)
+    record = env.tokens.revoke(token_id)
     return action_answer(
         request,
-        [_token_fragment(_token_view(record))],
+        [_token_fragment(token_view(record))],
         f"Link token “{record.label}” revoked: every call with it now gets 401.",
     )
 
