@@ -49,11 +49,10 @@ class Recovery:
         a process recovers its own at start, and the survivors recover one gone for good
         (SPEC §12). Recovering twice changes nothing the second time."""
         with self.units.unit() as u:
-            restarted = [
-                _restart(u, run)
-                for run in u.query(Run, status=RunStatus.RUNNING)
-                if member is None or run.member == member
-            ]
+            restarted: list[str] = []
+            for run in u.query(Run, status=RunStatus.RUNNING):
+                if member is None or run.member == member:
+                    restarted.append(_restart(u, run))
             for item_id, code in exited.items():
                 item = u.need(Item, item_id, "background item")
                 if item.is_running:
