@@ -1,4 +1,6 @@
-"""One environment: its data directory, store, identity, tokens and runtime.
+"""One environment: its data directory, store, identity, tokens and runtime — and the one
+place that assembles the parts (commands and runtime, queries, links, tools, what turns
+are lent); each part gets what it uses, none reaches back for the rest.
 
 The data directory holds ``tether.db`` (the SQLite store), ``admin.token`` (mode 0600),
 ``workspace/`` (where commands run) and ``proc/`` (background process files). With a
@@ -15,6 +17,8 @@ from typing import Any
 
 from tether import __version__
 from tether.config import default_deadline_ms, load_config, section
+from tether.engine.port import Services
+from tether.engine.queries import Queries
 from tether.engine.runtime import Runtime
 from tether.engine.tokens import Tokens, new_admin_token
 from tether.errors import Forbidden
@@ -56,18 +60,25 @@ class Environment:
             providers or load_providers(self.config),
             retention_days=float(section(self.config, "events").get("retention_days", 7)),
         )
-        self.tools = Tools(self.runtime, self.name)
-        self.runtime.tools = self.tools
-        self.runtime.environment = self
         #: Where this environment's API and ``/mcp`` answer (set by ``tether serve``).
         self.base_url: str | None = None
         self.commands = self.runtime.commands
         self.tokens = Tokens(self.commands, self.admin_token)
         self.commands.default_deadline_ms = default_deadline_ms(self.config)
-        self.queries = self.tools.queries
+        self.queries = Queries(self.commands)
         self.peers = Peers(Origin(environment_id, self.commands, self.config))
         self.runtime.add_handler("peer.push", self.peers.on_push)
-        self.tools.peers = self.peers
+        self.tools = Tools(self.commands, self.queries, self.runtime.notifier, self.name, self.peers)
+        #: What every provider turn is lent (``tether.engine.port``).
+        self.services = Services(
+            commands=self.commands,
+            tools=self.tools,
+            workspace=self.runtime.workspace,
+            shell=self.runtime.processes.backend,
+            view=self.commands.view,
+            data_dir=data_dir,
+            credentials=self,
+        )
 
     def _admin_token(self) -> str:
         """Written before the server listens, readable by its owner only (every platform).
@@ -105,10 +116,19 @@ class Environment:
         }
 
     async def start(self) -> None:
-        await self.runtime.start()
+        await self.runtime.start(self.services)
         await self.peers.start()
 
     async def close(self) -> None:
         await self.peers.close()
         await self.runtime.close()
         self.store.close()
+
+    def thread_credential(self, thread_id: str, label: str, ttl_seconds: int) -> tuple[str, str] | None:
+        """``(mcp url, token)``: a fresh credential of ``thread_id`` for an agent that runs
+        out of process; None while this environment's URL is not known."""
+        if not self.base_url:
+            return None
+        _, token = self.tokens.mint(label, "thread", thread_id, ttl_seconds)
+        return f"{self.base_url}/mcp", token
+

@@ -14,6 +14,13 @@ WAKE_TRIGGER = {
 }
 
 
+def end_status(reason: str | None) -> ItemStatus:
+    """How a command or monitor whose process ended is recorded: it ``ended`` when it exited
+    by itself or was killed at its timeout, it ``failed`` for any other ``reason`` (lost,
+    could not be watched)."""
+    return ItemStatus.ENDED if reason in (None, "timeout") else ItemStatus.FAILED
+
+
 def end(item: Item, status: str, at: str, exit_code: int | None = None, reason: str | None = None) -> None:
     if not item.is_running:
         raise DomainError(f"background item {item.id} already {item.status}")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
 from tether.domain.records import Run, Task
-from tether.domain.types import Delivery, DomainError, RunStatus, TaskStatus, WorkState
+from tether.domain.types import Delivery, DomainError, ItemStatus, RunStatus, TaskStatus, WorkState
 
 _RESULT_STATUS = {
     RunStatus.COMPLETED: TaskStatus.COMPLETED,
@@ -14,6 +15,29 @@ _RESULT_STATUS = {
     RunStatus.INTERRUPTED: TaskStatus.INTERRUPTED,
     RunStatus.CANCELLED: TaskStatus.CANCELLED,
 }
+
+#: The status a terminal task's item in its parent ends with.
+_ITEM_END = {
+    TaskStatus.COMPLETED: ItemStatus.ENDED,
+    TaskStatus.FAILED: ItemStatus.FAILED,
+    TaskStatus.INTERRUPTED: ItemStatus.FAILED,
+    TaskStatus.CANCELLED: ItemStatus.CANCELLED,
+}
+
+
+def item_end(task: Task) -> ItemStatus:
+    """How the parent's item of a task that has just ended ends (its status)."""
+    return _ITEM_END[TaskStatus(task.status)]
+
+
+def default_provider(text: str, fallback: str) -> str:
+    """A child's provider when the delegation names none: a script object (JSON with
+    ``tether_script``) runs on the script provider, anything else on ``fallback``."""
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return fallback
+    return "script" if isinstance(parsed, dict) and "tether_script" in parsed else fallback
 
 
 def mark_running(task: Task) -> None:

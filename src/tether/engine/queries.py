@@ -10,6 +10,7 @@ from tether.domain.ledger import ledger
 from tether.domain.records import Item, Message, Run, Task, Thread
 from tether.domain.types import ACTIVE_RUN, ItemStatus, RunStatus
 from tether.domain.views import item_view, message_view, run_view, task_view, thread_summary
+from tether.engine import access
 from tether.engine.commands import Commands
 from tether.engine.unit import View
 from tether.errors import Forbidden, Invalid, NotFound
@@ -27,7 +28,7 @@ class Queries:
 
     def thread(self, caller: Caller, thread_id: str) -> dict[str, Any]:
         with self.commands.view() as u:
-            thread = self.commands.thread_for(u, caller, thread_id)
+            thread = access.thread_for(u, caller, thread_id)
             runs = u.query(Run, thread_id=thread.id)
             items = u.query(Item, thread_id=thread.id)
             delegated = u.query(Task, parent_thread_id=thread.id)
@@ -61,7 +62,7 @@ class Queries:
             return [
                 {**thread_summary(t, self.environment_id), **attention_fields(u, t)}
                 for t in found
-                if self.commands.visible(u, caller, t)
+                if access.visible(u, caller, t)
             ]
 
     def thread_row(self, caller: Caller, thread_id: str) -> dict[str, Any] | None:
@@ -70,7 +71,7 @@ class Queries:
         threads list's row, re-read when an event touches it (``None``: not visible)."""
         with self.commands.view() as u:
             thread = u.load(Thread, thread_id)
-            if thread is None or not self.commands.visible(u, caller, thread):
+            if thread is None or not access.visible(u, caller, thread):
                 return None
             summary = {**thread_summary(thread, self.environment_id), **attention_fields(u, thread)}
             running = len(u.query(Item, thread_id=thread_id, status=ItemStatus.RUNNING))
@@ -100,7 +101,7 @@ class Queries:
         if limit < 1 or limit > 1000:
             raise Invalid("limit must be between 1 and 1000")
         with self.commands.view() as u:
-            thread = self.commands.thread_for(u, caller, thread_id)
+            thread = access.thread_for(u, caller, thread_id)
             found = [m for m in u.query(Message, thread_id=thread.id) if m.seq > after][:limit]
             return {
                 "threadId": thread.id,
@@ -112,7 +113,7 @@ class Queries:
 
     def task(self, caller: Caller, task_id: str) -> dict[str, Any]:
         with self.commands.view() as u:
-            return _with_error(u, self.commands.task_for(u, caller, task_id))
+            return _with_error(u, access.task_for(u, caller, task_id))
 
     def tasks(
         self, caller: Caller, parent_thread_id: str | None = None, status: str | None = None
@@ -126,7 +127,7 @@ class Queries:
             found = []
             for task in u.query(Task, **where):
                 try:
-                    found.append(_with_error(u, self.commands.task_for(u, caller, task.id)))
+                    found.append(_with_error(u, access.task_for(u, caller, task.id)))
                 except NotFound:  # not visible to this caller
                     continue
             return found
@@ -140,7 +141,7 @@ class Queries:
         ``afterRunId``, that run and every run before it have ended.
         """
         with self.commands.view() as u:
-            thread = self.commands.thread_for(u, caller, thread_id)
+            thread = access.thread_for(u, caller, thread_id)
             return _wait_answer(u, thread, until_settled, after_run_id)
 
 

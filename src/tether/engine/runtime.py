@@ -42,6 +42,7 @@ from tether.domain.records import Item, Message, Run, Thread
 from tether.domain.types import ItemKind, ItemStatus, RunStatus
 from tether.engine.commands import Commands
 from tether.engine.notify import Notifier
+from tether.engine.port import Services, Turn
 from tether.engine.processes import ProcessManager, choose_backend
 from tether.errors import Conflict
 from tether.ids import format_time, new_id, parse_time
@@ -118,15 +119,16 @@ class Runtime:
         self._shared_loops: list[asyncio.Task[None]] = []
         #: The last event this process has woken its waiters for (shared stores).
         self._seen = 0
-        #: Set by the environment: the tool surface (handed to turns) and the environment
-        #: itself (providers that run agents out of process mint thread credentials with it).
-        self.tools: Any = None
-        self.environment: Any = None
+        #: What turns are lent (``start`` takes them from the environment that assembles
+        #: them: the tools are built over these commands, so they cannot come first).
+        self._services: Services | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
-        """Recover (G6), then start carrying out the outbox and the timers."""
+    async def start(self, services: Services) -> None:
+        """Recover (G6), then start carrying out the outbox and the timers; every turn is
+        lent ``services``."""
+        self._services = services
         if self.store.shared:
             self._beat()  # alive before any turn here carries this process's name
         exited: dict[str, int | None] = {}
@@ -159,7 +161,7 @@ class Runtime:
         for item, pid in adopt:
             self.processes.watch(item, pid)
         for adopter, its in agent_run:
-            adopter(self, its)
+            adopter(services, its)
         self._timer_task = asyncio.create_task(_supervise("timers", self._timers), name="timers")
         self._housekeeping = asyncio.create_task(_supervise("prune events", self._prune), name="prune")
         if self.store.shared:
@@ -179,9 +181,11 @@ class Runtime:
             return True
         return item.member is None and item.runner is None and self.processes.spawned_before(item.id)
 
-    def _agent_run(self, items: list[Item], lost: list[str]) -> list[tuple[Callable[..., None], list[Item]]]:
+    def _agent_run(
+        self, items: list[Item], lost: list[str]
+    ) -> list[tuple[Callable[[Services, list[Item]], None], list[Item]]]:
         """Background work an agent runs itself (``spawn=False``) has no process of tether's
-        to look at: its provider adopts it (``provider.adopt(runtime, items)``: it reports each
+        to look at: its provider adopts it (``provider.adopt(services, items)``: it reports each
         item's end, as the agent reports it, once it knows). Items of a provider that cannot
         adopt are ``lost``."""
         by_runner: dict[str, list[Item]] = {}
@@ -320,8 +324,8 @@ class Runtime:
             self._turns.pop(run_id, None)
 
     async def _provider_turn(self, run_id: str) -> None:
-        from tether.providers.base import Turn  # the provider layer sits above the engine
-
+        if self._services is None:
+            raise RuntimeError("the runtime runs turns only once started")
         with self.store.read() as reader:
             run = reader.get(Run, run_id)
             thread = reader.get(Thread, run.thread_id) if run else None
@@ -331,7 +335,7 @@ class Runtime:
             inputs = [m for m in reader.find(Message, run_id=run.id) if m.id in ids]
             first = reader.find(Message, limit=1, thread_id=thread.id)
         provider = self.providers[thread.provider]
-        turn = Turn(self, thread, run, inputs, first[0] if first else None)
+        turn = Turn(self._services, thread, run, inputs, first[0] if first else None)
         status, reply, error = RunStatus.COMPLETED, None, None
         try:
             reply = await provider.run_turn(turn)

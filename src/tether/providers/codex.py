@@ -166,7 +166,7 @@ class CodexProvider:
         self.sandbox: str | None = config.get("sandbox", "workspace-write") or None
         self.extra_args = [str(arg) for arg in config.get("extra_args", [])]
         self.credential_ttl_s = int(config.get("credential_ttl_s", 24 * 3600))
-        self._credentials: dict[str, tuple[str, float]] = {}
+        self._credentials: dict[str, tuple[str, str, float]] = {}  # thread -> (mcp url, token, expiry)
 
     def executable(self) -> str | None:
         path = Path(self.executable_name).expanduser()
@@ -231,7 +231,7 @@ class CodexProvider:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
-            **turn.runtime.processes.backend.group_options(),
+            **turn.shell.group_options(),
             limit=16 * 1024 * 1024,
         )
         # its process group, ended by the next turn should it outlive us (a SIGKILL of tether)
@@ -266,7 +266,7 @@ class CodexProvider:
             self._ended(turn, events.usage if events.completed else None)
         finally:
             if process.returncode is None:
-                turn.runtime.processes.backend.kill_tree(process.pid)
+                turn.shell.kill_tree(process.pid)
                 with contextlib.suppress(Exception):
                     await asyncio.shield(process.wait())
             drain.cancel()
@@ -284,18 +284,17 @@ class CodexProvider:
 
     def _credential(self, turn: Turn) -> tuple[str | None, str | None]:
         """``(mcp url, token)`` of this thread (minted once, renewed before it expires)."""
-        environment = turn.runtime.environment
-        base = getattr(environment, "base_url", None)
-        if environment is None or not base:
-            return None, None
+        credentials = turn.services.credentials
         cached = self._credentials.get(turn.thread.id)
-        if cached is None or cached[1] - time.monotonic() < self.credential_ttl_s / 4:
-            _, token = environment.tokens.mint(
-                f"codex session of {turn.thread.id}", "thread", turn.thread.id, self.credential_ttl_s
+        if cached is None or cached[2] - time.monotonic() < self.credential_ttl_s / 4:
+            minted = credentials and credentials.thread_credential(
+                turn.thread.id, f"codex session of {turn.thread.id}", self.credential_ttl_s
             )
-            cached = (token, time.monotonic() + self.credential_ttl_s)
+            if not minted:
+                return None, None
+            cached = (*minted, time.monotonic() + self.credential_ttl_s)
             self._credentials[turn.thread.id] = cached
-        return f"{base}/mcp", cached[0]
+        return cached[0], cached[1]
 
 
 async def end_leftover(process: dict[str, Any] | None) -> None:

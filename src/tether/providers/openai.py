@@ -278,7 +278,7 @@ class OpenAIProvider:
             item = turn.tools.start_background(turn.caller, command, timeout_ms=timeoutMs)
             return {**item, "note": "running in the background; its end wakes you with a new turn"}
         timeout_ms = timeoutMs or int(self.config.get("foreground_timeout_ms", 600_000))
-        return await run_foreground(turn.runtime.processes.backend, command, str(turn.workspace), timeout_ms)
+        return await run_foreground(turn.shell, command, str(turn.workspace), timeout_ms)
 
 
 async def run_foreground(backend: ProcessBackend, command: str, cwd: str, timeout_ms: int) -> dict[str, Any]:

@@ -268,6 +268,5 @@ def _remember(context: _Context, view: dict[str, Any], ref: str | None) -> None:
 async def _run_foreground(command: str, turn: Turn, timeout_ms: int) -> tuple[str, int]:
     """Run a foreground command; on timeout it is killed and reports exit code 124, as
     ``timeout(1)`` does, so a script can react instead of failing its run."""
-    backend = turn.runtime.processes.backend
-    output, code = await backend.run_shell(command, str(turn.workspace), timeout_ms)
+    output, code = await turn.shell.run_shell(command, str(turn.workspace), timeout_ms)
     return ("(timed out)", 124) if code is None else (output.rstrip("\n"), code)

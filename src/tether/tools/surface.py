@@ -9,21 +9,20 @@ in SPEC §5, and returns a JSON-able dict. Failures raise :class:`~tether.errors
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from tether.domain.types import ItemKind
+from tether.engine.commands import Commands
+from tether.engine.notify import Notifier
 from tether.engine.queries import Queries
 from tether.errors import Invalid, NotFound
 from tether.types import Caller
 
 #: How long ``background_wait`` waits for an id it does not know yet (see there).
 AGENT_REPORT_GRACE_S = 2.0
-
-if TYPE_CHECKING:
-    from tether.engine.runtime import Runtime
 
 #: Wait-mode calls and thread waits never block longer than this (G8).
 MAX_WAIT_MS = 3_600_000
@@ -62,14 +61,43 @@ def _timeout(timeout_ms: int | None) -> float:
     return timeout_ms / 1000
 
 
+class LinkedEnvironment(Protocol):
+    """One linked environment as the tools reach it (``tether.peers`` implements it)."""
+
+    async def delegate(self, caller: Caller, task: str, **options: Any) -> dict[str, Any]: ...
+    async def thread_wait(self, caller: Caller, thread_id: str, **options: Any) -> dict[str, Any]: ...
+    async def thread_send(
+        self, caller: Caller, thread_id: str, message: str, **options: Any
+    ) -> dict[str, Any]: ...
+    async def thread_read(self, caller: Caller, thread_id: str, after: int, limit: int) -> dict[str, Any]: ...
+    async def thread_interrupt(self, caller: Caller, thread_id: str, stop: bool) -> dict[str, Any]: ...
+    async def thread_list(self, caller: Caller) -> dict[str, Any]: ...
+
+
+class PeerDirectory(Protocol):
+    """The linked environments of this one (``tether.peers.Peers``)."""
+
+    def resolve(self, ref: str | None) -> LinkedEnvironment: ...
+    def list(self) -> list[dict[str, Any]]: ...
+
+
 class Tools:
-    def __init__(self, runtime: Runtime, name: str) -> None:
-        self.runtime = runtime
-        self.commands = runtime.commands
-        self.queries = Queries(runtime.commands)
+    """The tools, over this environment's commands and queries and its linked
+    environments (``peers``; None: no links). ``notifier`` wakes the waits."""
+
+    def __init__(
+        self,
+        commands: Commands,
+        queries: Queries,
+        notifier: Notifier,
+        name: str,
+        peers: PeerDirectory | None = None,
+    ) -> None:
+        self.commands = commands
+        self.queries = queries
+        self.notifier = notifier
         self.name = name
-        #: Linked environments (set by :mod:`tether.peers` when links exist).
-        self.peers: Any = None
+        self.peers = peers
 
     @property
     def environment_id(self) -> str:
@@ -78,7 +106,7 @@ class Tools:
     def _is_local(self, environment: str | None) -> bool:
         return environment in (None, "", self.environment_id, self.name)
 
-    def _peer(self, environment: str | None) -> Any:
+    def _peer(self, environment: str | None) -> LinkedEnvironment:
         if self.peers is None:
             raise NotFound(f"no linked environment {environment!r}")
         return self.peers.resolve(environment)
@@ -139,7 +167,7 @@ class Tools:
             view = self.queries.task(caller, task_id)
             return view if view["status"] not in ("queued", "running") else None
 
-        await self.runtime.notifier.wait_until([f"task:{task_id}"], finished, timeout)
+        await self.notifier.wait_until([f"task:{task_id}"], finished, timeout)
         final = self.commands.end_wait(task_id)
         if final is not None:
             return {**final, "timedOut": False}
@@ -170,7 +198,7 @@ class Tools:
         timeout = _timeout(timeoutMs)
         self.queries.wait_state(caller, threadId, untilSettled, afterRunId)  # 404 and 422 first
 
-        answer = await self.runtime.notifier.wait_until(
+        answer = await self.notifier.wait_until(
             [f"thread:{threadId}"],
             lambda: self.queries.wait_state(caller, threadId, untilSettled, afterRunId),
             timeout,
@@ -250,7 +278,7 @@ class Tools:
             # An agent that runs its own background work (Claude Code) may call this with
             # its command's id before tether has read the report of that command (the two
             # travel on different channels): give the report a moment to arrive.
-            found = await self.runtime.notifier.wait_until(
+            found = await self.notifier.wait_until(
                 [f"thread:{caller.thread_id}"], lambda: self._await_known(caller, id), AGENT_REPORT_GRACE_S
             )
             if found is None:

@@ -162,3 +162,18 @@ def test_monitor_end_text() -> None:
 def test_schedule_end_text_is_its_text_or_a_default() -> None:
     assert background.end_text(make_item(ItemKind.SCHEDULE, text="check the build")) == "check the build"
     assert background.end_text(make_item(ItemKind.SCHEDULE)) == "Scheduled wake."
+
+
+@pytest.mark.parametrize(
+    ("reason", "status"),
+    [
+        (None, ItemStatus.ENDED),
+        ("timeout", ItemStatus.ENDED),
+        ("lost", ItemStatus.FAILED),
+        ("x", ItemStatus.FAILED),
+    ],
+)
+def test_a_process_that_exited_or_timed_out_ended_any_other_end_failed(
+    reason: str | None, status: str
+) -> None:
+    assert background.end_status(reason) == status

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tether.domain import tasks
 from tether.domain.records import Run, Task
-from tether.domain.types import Delivery, DomainError, RunStatus, TaskStatus, Trigger, WorkState
+from tether.domain.types import Delivery, DomainError, ItemStatus, RunStatus, TaskStatus, Trigger, WorkState
 
 AT = "2026-01-01T00:00:00.000Z"
 LATER = "2026-01-01T00:00:09.000Z"
@@ -342,3 +342,29 @@ def test_only_a_calls_claim_is_released_back_to_pending(start: Delivery, deliver
     assert released is (start == D.CLAIMED and delivered_as == "call")
     expected = (D.PENDING, None) if released else (start, delivered_as)
     assert (task.delivery_state, task.delivered_as) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "item"),
+    [
+        (TaskStatus.COMPLETED, ItemStatus.ENDED),
+        (TaskStatus.FAILED, ItemStatus.FAILED),
+        (TaskStatus.INTERRUPTED, ItemStatus.FAILED),
+        (TaskStatus.CANCELLED, ItemStatus.CANCELLED),
+    ],
+)
+def test_a_terminal_tasks_item_in_its_parent_ends_by_the_tasks_status(status: str, item: str) -> None:
+    assert tasks.item_end(make_task(status)) == item
+
+
+@pytest.mark.parametrize(
+    ("text", "provider"),
+    [
+        ('{"tether_script": {"rules": []}}', "script"),
+        ('{"other": 1}', "claude"),
+        ("[1, 2]", "claude"),
+        ("write the tests", "claude"),
+    ],
+)
+def test_only_a_script_object_picks_the_script_provider(text: str, provider: str) -> None:
+    assert tasks.default_provider(text, "claude") == provider

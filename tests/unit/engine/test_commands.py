@@ -142,6 +142,21 @@ def test_delegate_creates_task_child_and_held_item_in_one_go(world: World) -> No
     assert (item.task_id, item.hold, item.held) == (task_id, True, True)
 
 
+@pytest.mark.parametrize("environment_id", [None, "env_test", "env_b"])
+@pytest.mark.parametrize("task", ["", "  \n"])
+def test_an_empty_task_is_refused_here_and_to_a_link_and_changes_nothing(
+    world: World, environment_id: str | None, task: str
+) -> None:
+    """One ``delegate`` for both sides: a remote delegation takes the same checks."""
+    parent_id, _ = world.parent()
+    before = world.dump()
+    with pytest.raises(Invalid, match="task must not be empty"):
+        world.commands.delegate(world.as_thread(parent_id), task, environment_id=environment_id)
+    with pytest.raises(Invalid, match="task must not be empty"):
+        world.commands.delegate_remote(world.as_thread(parent_id), "env_b", task)
+    assert world.dump() == before
+
+
 def test_delegate_returns_the_committed_task(world: World) -> None:
     parent_id, _ = world.parent()
     view = world.commands.delegate(world.as_thread(parent_id), "job", provider="script")

@@ -90,7 +90,7 @@ async def test_a_failing_deferred_write_is_dropped_not_repeated(quiet: World) ->
         raise RuntimeError("a bug")
 
     quiet.commands.say(caller, "before")
-    quiet.commands._later(broken)
+    quiet.commands.later(broken)
     quiet.commands.say(caller, "after")
     with pytest.raises(RuntimeError):
         quiet.commands.post_message(ADMIN, thread_id, "carrier")

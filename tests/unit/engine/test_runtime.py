@@ -12,11 +12,13 @@ import pytest
 from tether.domain.records import Item, Message, Run
 from tether.domain.types import ItemStatus, RunStatus
 from tether.engine import runtime as runtime_module
+from tether.engine.port import Services
 from tether.engine.queries import Queries
 from tether.engine.runtime import PARK_AFTER, Runtime, retry_at
 from tether.providers.script import ScriptProvider
 from tether.store.base import OutboxRow
 from tether.store.sqlite import SQLiteStore
+from tether.tools.surface import Tools
 from tether.types import ADMIN, Caller
 
 
@@ -25,7 +27,8 @@ async def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
     monkeypatch.setattr(runtime_module, "RETRY_FIRST", 0.001)  # retries in ms, not seconds
     store = SQLiteStore(tmp_path / "tether.db")
     rt = Runtime(store, "env_test", tmp_path, {"script": ScriptProvider()})
-    await rt.start()
+    tools = Tools(rt.commands, Queries(rt.commands), rt.notifier, "test")
+    await rt.start(Services(rt.commands, tools, rt.workspace, rt.processes.backend, rt.commands.view))
     yield rt
     await rt.close()
     store.close()

@@ -18,7 +18,7 @@ from typing import Any
 from tether.domain.records import Item, Thread
 from tether.engine.processes import process_start_time
 from tether.private import write_private
-from tether.providers.base import Turn
+from tether.providers.base import Services, Turn
 from tether.providers.claude.cli import INSTALL, SHIM, bundled_cli, load_sdk, version_problem
 from tether.providers.claude.session import LOST, NOTIFICATION_END, ClaudeError, ClaudeSession, exit_code
 from tether.providers.claude.transcript import WrittenTurn, process_exit, written_turns
@@ -108,7 +108,7 @@ class ClaudeProvider:
 
     # ------------------------------------------------------------------ after a restart
 
-    def adopt(self, runtime: Any, items: list[Item]) -> None:
+    def adopt(self, services: Services, items: list[Item]) -> None:
         """After a restart: background work of Claude Code sessions tether no longer reads.
         Their CLI lived on (see ``SHIM``); once it exits, each item ends as its transcript
         says — and its wake run takes the turn the CLI wrote (``_written``) — or as lost."""
@@ -117,20 +117,20 @@ class ClaudeProvider:
             by_thread.setdefault(item.thread_id, []).append(item)
         for thread_id, its in by_thread.items():
             task = asyncio.get_running_loop().create_task(
-                self._follow(runtime, thread_id, its), name=f"claude orphan of {thread_id}"
+                self._follow(services, thread_id, its), name=f"claude orphan of {thread_id}"
             )
             self._adopted.add(task)
             task.add_done_callback(self._adopted.discard)
 
-    async def _follow(self, runtime: Any, thread_id: str, items: list[Item]) -> None:
+    async def _follow(self, services: Services, thread_id: str, items: list[Item]) -> None:
         written: dict[str, WrittenTurn] = {}
         try:
-            with runtime.store.transaction() as tx:
-                thread = tx.get(Thread, thread_id)
+            with services.view() as u:
+                thread = u.load(Thread, thread_id)
             saved = (thread.state.get("claude") or {}) if thread is not None else {}
             if saved.get("pid"):
                 await process_exit(int(saved["pid"]), saved.get("pidStart"))
-            written = await self._transcript(saved.get("sessionId"), runtime.workspace)
+            written = await self._transcript(saved.get("sessionId"), services.workspace)
         except asyncio.CancelledError:
             raise
         except Exception:  # never leave the items open: they end as lost below
@@ -139,10 +139,10 @@ class ClaudeProvider:
             end = written.get(item.label or "")
             try:
                 if end is None:
-                    runtime.commands.process_ended(item.id, None, reason=LOST)
+                    services.commands.process_ended(item.id, None, reason=LOST)
                 else:
                     code, reason = exit_code(end.summary), NOTIFICATION_END.get(end.status, "failed")
-                    runtime.commands.process_ended(item.id, code, reason=reason, tail=end.summary)
+                    services.commands.process_ended(item.id, code, reason=reason, tail=end.summary)
             except Exception:
                 log.exception("claude thread %s: could not end item %s", thread_id, item.id)
 
@@ -158,8 +158,8 @@ class ClaudeProvider:
         """The wake turn Claude Code wrote for ``item_id``'s end while tether was down."""
         if not item_id:
             return None
-        with turn.runtime.store.transaction() as tx:
-            item = tx.get(Item, item_id)
+        with turn.services.view() as u:
+            item = u.load(Item, item_id)
         if item is None or item.runner != self.name or not item.label:
             return None
         session_id = (turn.thread.state.get("claude") or {}).get("sessionId")
@@ -240,7 +240,7 @@ class ClaudeProvider:
 
     async def _open(self, turn: Turn, resume: str | None) -> ClaudeSession:
         session = ClaudeSession(
-            turn.thread.id, turn.runtime.commands, self.notification_grace_s, Path(turn.workspace)
+            turn.thread.id, turn.services.commands, self.notification_grace_s, Path(turn.workspace)
         )
         append = SYSTEM_PROMPT.format(thread_id=turn.thread.id)
         if self.append_system_prompt:
@@ -285,15 +285,9 @@ class ClaudeProvider:
         )
         return session
 
-    @staticmethod
-    def _cli_dir(turn: Turn) -> Path | None:
+    def _cli_dir(self, turn: Turn) -> Path | None:
         """Where this environment keeps the shim, the pid files and MCP configs."""
-        environment = turn.runtime.environment
-        if environment is None:
-            return None
-        directory = Path(environment.data_dir) / "providers" / "claude"
-        directory.mkdir(parents=True, exist_ok=True)
-        return directory
+        return turn.services.provider_dir(self.name)
 
     @staticmethod
     def _shim(directory: Path) -> Path:
@@ -339,22 +333,25 @@ class ClaudeProvider:
     def _mcp_config(self, turn: Turn) -> str | None:
         """A ``--mcp-config`` file (mode 0600) naming tether's ``/mcp`` with a fresh
         credential of this thread; None when this environment's URL is not known."""
-        environment = turn.runtime.environment
-        base = getattr(environment, "base_url", None)
-        if environment is None or not base:
+        directory, credentials = turn.services.provider_dir(self.name), turn.services.credentials
+        label = f"claude session of {turn.thread.id}"
+        minted = (
+            credentials.thread_credential(turn.thread.id, label, self.credential_ttl_s)
+            if credentials and directory
+            else None
+        )
+        if directory is None or minted is None:
             log.warning(
                 "claude thread %s: no base URL known; the session gets no tether tools", turn.thread.id
             )
             return None
-        _, token = environment.tokens.mint(
-            f"claude session of {turn.thread.id}", "thread", turn.thread.id, self.credential_ttl_s
-        )
-        path = Path(environment.data_dir) / "providers" / "claude" / f"{turn.thread.id}.mcp.json"
+        url, token = minted
+        path = directory / f"{turn.thread.id}.mcp.json"
         body = {
             "mcpServers": {
                 "tether": {
                     "type": "http",
-                    "url": f"{base}/mcp",
+                    "url": url,
                     "headers": {"Authorization": f"Bearer {token}"},
                 }
             }

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tether.engine.port import AgentCommands
 from tether.providers.claude.cli import load_sdk
 from tether.providers.claude.transcript import event_notice
 from tether.types import Caller
@@ -127,7 +128,11 @@ class ClaudeSession:
     """
 
     def __init__(
-        self, thread_id: str, commands: Any, notification_grace: float = 0.5, workspace: Path | None = None
+        self,
+        thread_id: str,
+        commands: AgentCommands,
+        notification_grace: float = 0.5,
+        workspace: Path | None = None,
     ) -> None:
         load_sdk()
         self.thread_id = thread_id
