@@ -12,11 +12,10 @@ and written to ``bench/results/latest.json``. Timings here are reports, never pa
            and CPU seconds per task (both servers); baseline: raw sqlite3 inserts (one
            transaction each) of the same number of events, and the ratio.
 - stores:  the fan-out (local children only) on SQLite with one process beside PostgreSQL
-           with 1 and 2 processes on one database (SPEC §12), in the same run; ratios to
-           SQLite. Skipped, saying so, without PostgreSQL (initdb/pg_ctl) or psycopg.
-- stores:  the fan-out (local children only) on SQLite with one process beside PostgreSQL
-           with 1 and 2 processes on one database (SPEC §12), in the same run; ratios to
-           SQLite. Skipped, saying so, without PostgreSQL (initdb/pg_ctl) or psycopg.
+           with 1, 2 and 4 processes on one database (SPEC §12), in the same run; ratios to
+           SQLite, CPU seconds of tether and of PostgreSQL, and how often the one write
+           lock was held and waited for. Skipped, saying so, without PostgreSQL
+           (initdb/pg_ctl) or psycopg.
 - restart: start-up time with N open tasks until the server answers (recovery done).
 - memory:  server RSS per idle thread and per open task, at 100 and at the full size.
 - mixed:   many clients at once (admin, a link token, a thread credential; reads, writes,
@@ -278,31 +277,108 @@ def _fanout_on(servers: list[Server], n: int) -> dict[str, Any]:
     }
 
 
+class _WriteLockSampler:
+    """Samples ``pg_locks`` every ``every`` seconds on its own connection while a run goes
+    on: how often the one write lock (``WRITE_LOCK``) is held, and how many transactions
+    wait for it. Held nearly always with waiters behind it: writes are the limit, and
+    per-thread locks would pay; held part of the time with few waiters: they would not."""
+
+    def __init__(self, url: str, every: float = 0.02) -> None:
+        self.url, self.every = url, every
+        self.samples: list[tuple[int, int]] = []  # (holders, waiters)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psycopg
+
+        from tether.store.postgresql.store import WRITE_LOCK
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self._stop.wait(self.every):
+                row = conn.execute(
+                    "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) "
+                    "FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objid = %s",
+                    (WRITE_LOCK,),
+                ).fetchone()
+                self.samples.append((int(row[0]), int(row[1])) if row else (0, 0))
+
+    def __enter__(self) -> _WriteLockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def figures(self) -> dict[str, Any]:
+        n = max(1, len(self.samples))
+        return {
+            "lockSamples": len(self.samples),
+            "writeLockHeldShare": round(sum(1 for held, _ in self.samples if held) / n, 3),
+            "writeLockWaitedShare": round(sum(1 for _, waiting in self.samples if waiting) / n, 3),
+            "meanWaiting": round(sum(waiting for _, waiting in self.samples) / n, 2),
+        }
+
+
+def _postgres_cpu(cluster: Any) -> float:
+    """CPU seconds the PostgreSQL server's processes have used so far."""
+    import psutil
+
+    postmaster = psutil.Process(int((cluster.root / "data" / "postmaster.pid").read_text().split()[0]))
+    total = 0.0
+    for proc in [postmaster, *postmaster.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue  # a backend that ended meanwhile
+    return total
+
+
+def _store_run(root: Path, count: int, url: str | None, cluster: Any, n: int) -> dict[str, Any]:
+    """The fan-out on ``count`` processes (on ``url``, else SQLite), with the CPU seconds of
+    the tether processes and of PostgreSQL, and (PostgreSQL) the write lock's samples."""
+    env = {"TETHER_STORE": url} if url else {}
+    servers = [Server(root / f"p{i}", f"p{i}", env=env).start() for i in range(count)]
+    try:
+        tether_cpu = sum(_stats(s)["cpuSeconds"] for s in servers)
+        pg_cpu = _postgres_cpu(cluster) if url else 0.0
+        if url:
+            with _WriteLockSampler(url) as sampler:
+                out = _fanout_on(servers, n)
+            out.update(sampler.figures())
+            out["postgresCpuSeconds"] = round(_postgres_cpu(cluster) - pg_cpu, 1)
+        else:
+            out = _fanout_on(servers, n)
+        out["tetherCpuSeconds"] = round(sum(_stats(s)["cpuSeconds"] for s in servers) - tether_cpu, 1)
+        return out
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def bench_stores(root: Path, n: int) -> dict[str, Any]:
-    """The same fan-out on SQLite (one process) and on PostgreSQL with 1 and 2 processes."""
+    """The same fan-out on SQLite (one process) and on PostgreSQL with 1, 2 and 4 processes."""
     try:
         from tether.store.postgresql.local import LocalCluster, find_bindir
     except ImportError:
-        return {"skipped": "psycopg is not installed (pip install 'tether[postgresql]')"}
+        return {"skipped": "psycopg is not installed (pip install -e '.[postgresql]')"}
     bindir = find_bindir()
     if bindir is None:
         return {"skipped": "PostgreSQL is not installed (initdb/pg_ctl not found)"}
     cluster = LocalCluster(bindir).start()
     out: dict[str, Any] = {}
     try:
-        for name, count, store in (("sqlite", 1, None), ("postgresql1", 1, "pg"), ("postgresql2", 2, "pg")):
-            env = {"TETHER_STORE": cluster.database()} if store else {}
-            servers = [Server(root / name / f"p{i}", f"p{i}", env=env).start() for i in range(count)]
-            try:
-                out[name] = _fanout_on(servers, n)
-            finally:
-                for server in servers:
-                    server.stop()
+        out["sqlite"] = _store_run(root / "sqlite", 1, None, cluster, n)
+        for count in (1, 2, 4):
+            out[f"postgresql{count}"] = _store_run(root / f"pg{count}", count, cluster.database(), cluster, n)
     finally:
         cluster.stop()
     base = out["sqlite"]["tasksPerSecond"]
-    for name in ("postgresql1", "postgresql2"):
-        out[name]["ratioToSqlite"] = round(out[name]["tasksPerSecond"] / base, 2)
+    for count in (1, 2, 4):
+        run = out[f"postgresql{count}"]
+        run["ratioToSqlite"] = round(run["tasksPerSecond"] / base, 2)
     return out
 
 

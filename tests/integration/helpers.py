@@ -167,14 +167,17 @@ def sse_events(
     until: Callable[[dict[str, Any]], bool],
     timeout: float = 30.0,
     on_open: Callable[[], Any] | None = None,
+    keepalive: float | None = None,
 ) -> list[dict[str, Any]]:
     """Read ``/api/events`` from ``after`` until an event matches ``until``; return them all.
-    ``on_open`` runs once the feed is open (its cursor fixed), before reading."""
+    ``on_open`` runs once the feed is open (its cursor fixed), before reading; ``keepalive``
+    is the server's keepalive interval (its default when None)."""
     found: list[dict[str, Any]] = []
+    params = {"after": after} if keepalive is None else {"after": after, "keepalive": str(keepalive)}
     with httpx.stream(
         "GET",
         f"{url}/api/events",
-        params={"after": after},
+        params=params,
         headers={"Authorization": f"Bearer {token}"},
         timeout=httpx.Timeout(timeout, connect=5.0),
     ) as response:

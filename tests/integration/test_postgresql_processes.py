@@ -43,9 +43,10 @@ from .test_probes import (  # noqa: F401  (collected here: the same checks, two 
 LEASE = "2"
 
 
-def processes(root: Path, url: str, *names: str) -> list[Server]:
-    """Started ``tether serve`` processes, one data directory each, all on ``url``."""
-    env = {"TETHER_STORE": url, "TETHER_LEASE_SECONDS": LEASE}
+def processes(root: Path, url: str, *names: str, env: dict[str, str] | None = None) -> list[Server]:
+    """Started ``tether serve`` processes, one data directory each, all on ``url`` (``env``
+    adds settings)."""
+    env = {"TETHER_STORE": url, "TETHER_LEASE_SECONDS": LEASE, **(env or {})}
     return [Server(root / name, name, env=env).start() for name in names]
 
 

@@ -67,12 +67,12 @@ def child_script(rng: Any, awaited: bool) -> dict[str, Any]:
     ]}
 
 
-def parent_script(rng: Any, name: str, count: int) -> dict[str, Any]:
-    """``count`` children, alternately remote and local, awaited and not, each with a random
-    duration; the parent notes every wake and every restart."""
+def parent_script(rng: Any, name: str, count: int, local: bool = False) -> dict[str, Any]:
+    """``count`` children, alternately remote and local (all local with ``local``), awaited
+    and not, each with a random duration; the parent notes every wake and every restart."""
     delegates = []
     for n in range(count):
-        remote, awaited = n % 2 == 0, (n // 2) % 2 == 0
+        remote, awaited = n % 2 == 0 and not local, (n // 2) % 2 == 0
         child = child_script(rng, awaited)
         where = "remote" if remote else "local"
         delegate: dict[str, Any] = {"task": child, "id": f"c{n}",

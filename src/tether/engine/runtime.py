@@ -62,7 +62,8 @@ PARK_AFTER = 8
 RESTART_DELAY = 1.0
 #: Shared stores: how long a member's claims and heartbeat last (``TETHER_LEASE_SECONDS``) …
 LEASE = 15.0
-#: … and how often it looks at the store without a notification (events, outbox, timers).
+#: … and how often it looks at the store without a notification (events, outbox, timers;
+#: ``TETHER_POLL_SECONDS``).
 POLL = 1.0
 #: How many outbox rows a process claims at a time (the rest stay for the others).
 CLAIM_BATCH = 20
@@ -90,6 +91,7 @@ class Runtime:
         #: This process's name among those serving the store (stable across restarts).
         self.member = _member_id(data_dir)
         self.lease = float(os.environ.get("TETHER_LEASE_SECONDS", LEASE))
+        self.poll = float(os.environ.get("TETHER_POLL_SECONDS", POLL))
         self.notifier = Notifier()
         self.commands = Commands(store, environment_id, providers, self._committed)
         self.workspace = data_dir / "workspace"
@@ -466,12 +468,12 @@ class Runtime:
         """Wake this process's waiters for what other processes committed; look at the
         outbox and the timers again (new rows, leases that ran out, deadlines)."""
         polled = time.monotonic()
-        async for rung in self.store.rings(POLL):
+        async for rung in self.store.rings(self.poll):
             if "events" in rung:
                 self._caught_up()
             if "outbox" in rung:
                 self._kick()
-            if time.monotonic() - polled >= POLL:
+            if time.monotonic() - polled >= self.poll:
                 self._caught_up()
                 polled = time.monotonic()
                 self._kick()

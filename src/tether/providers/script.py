@@ -147,6 +147,10 @@ class ScriptProvider:
         reply: str | None = None
         saved = json.dumps(state, sort_keys=True)
         for number, action in enumerate(script["rules"][index].get("do", [])):
+            # One loop step per action, as a real agent's tool calls come one request each:
+            # a script of hundreds of delegations must not hold the loop (on a shared store a
+            # process whose heartbeat is starved past its lease is taken for gone).
+            await asyncio.sleep(0)
             name = next(key for key in action if key in _ACTIONS)
             said = await getattr(self, f"_{name}")(turn, action, context, state, f"{turn.run.id}:{number}")
             if name == "reply":

@@ -42,4 +42,4 @@ def test_a_thread_credential_needs_the_url_and_acts_as_its_thread(env: Environme
     assert minted is not None
     url, token = minted
     assert url == "http://127.0.0.1:9/mcp"
-    assert env.authenticate(token) == Caller("thread", thread_id=thread_id)
+    assert env.tokens.authenticate(token) == Caller("thread", thread_id=thread_id)

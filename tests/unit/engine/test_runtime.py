@@ -3,6 +3,8 @@ never dropped — and what waited on it fails visibly. Its loops are supervised.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -139,3 +141,29 @@ async def test_the_drain_is_supervised_a_crash_is_logged_and_it_starts_again(
     await until(runtime, ["effects"], drained)
     assert crashes and "the outbox drain failed" in caplog.text
     assert len(spawned) == 2, "the crashed batch was carried out again (handlers are idempotent)"
+
+
+async def test_a_long_script_turn_gives_the_loop_a_step_between_actions(runtime: Runtime) -> None:
+    """Other work (on a shared store, the heartbeat) runs while a script turn of many actions
+    runs: a process whose loop a turn holds past its lease is taken for gone (SPEC §12)."""
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    actions = [{"reply": f"r{n}"} for n in range(100)]
+    script = json.dumps({"tether_script": 1, "rules": [{"on": "start", "do": actions}]})
+    ticker = asyncio.create_task(tick())
+    run_id = runtime.commands.create_thread(ADMIN, "script", "t", message=script)["runId"]
+
+    def completed() -> bool | None:
+        with runtime.store.read() as reader:
+            run = reader.get(Run, run_id)
+        return True if run is not None and run.status == RunStatus.COMPLETED else None
+
+    await until(runtime, ["events"], completed)
+    ticker.cancel()
+    assert ticks >= 100, f"the loop ran other work {ticks} times during a turn of 100 actions"
