@@ -83,6 +83,9 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
     app.include_router(web.router, responses=errors.RESPONSES)
     # Exactly /mcp, no redirect to /mcp/ (a Mount would add one).
     app.router.routes.append(Route("/mcp", endpoint=mcp_app, methods=["GET", "POST", "DELETE"]))
-    app.router.routes.extend(a2a.routes(env))  # SPEC §14; none without the a2a extra
+    if a2a.available():  # SPEC §14; no A2A routes without the a2a extra
+        from tether.a2a.serve import build_routes
+
+        app.router.routes.extend(build_routes(env))
     app.add_middleware(BodyLimit)
     return app

@@ -18,7 +18,7 @@ import json
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Container
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
@@ -27,11 +27,9 @@ from pydantic import Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.api.errors import error_response
+from tether.environment import Environment
 from tether.errors import TetherError, Unauthorized
 from tether.tools.surface import DEFAULT_WAIT_MS, MAX_WAIT_MS, Tools
-
-if TYPE_CHECKING:
-    from tether.environment import Environment
 
 DESCRIPTIONS: dict[str, str] = {
     "delegate_task": (
