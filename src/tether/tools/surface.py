@@ -131,33 +131,20 @@ class Tools:
         provider = target.get("provider") or ("script" if isinstance(task, dict) else None)
         timeout = _timeout(timeoutMs)
         model = target.get("model")
+        options: dict[str, Any] = {
+            "model": model,
+            "provider": provider,
+            "mode": mode,
+            "hold": hold,
+            "title": title,
+            "deadline_ms": deadlineMs,
+            "on_deadline": onDeadline,
+            "client_request_id": clientRequestId,
+        }
         if self._is_local(target.get("environmentId")):
-            view = self.commands.delegate(
-                caller,
-                text,
-                model=model,
-                provider=provider,
-                mode=mode,
-                hold=hold,
-                title=title,
-                deadline_ms=deadlineMs,
-                on_deadline=onDeadline,
-                client_request_id=clientRequestId,
-            )
+            view = self.commands.delegate(caller, text, **options)
         else:
-            peer = self._peer(target.get("environmentId"))
-            view = await peer.delegate(
-                caller,
-                text,
-                model=model,
-                provider=provider,
-                mode=mode,
-                hold=hold,
-                title=title,
-                deadline_ms=deadlineMs,
-                on_deadline=onDeadline,
-                client_request_id=clientRequestId,
-            )
+            view = await self._peer(target.get("environmentId")).delegate(caller, text, **options)
         if mode != "wait":
             return view
         return await self._wait_for_task(caller, view["taskId"], timeout)

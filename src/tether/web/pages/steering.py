@@ -78,9 +78,8 @@ async def _thread_answer(request: Request, env: Environment, thread_id: str, not
     return action_answer(request, thread_fragments(page, None, **local_context(thread_id)), notice)
 
 
-@router.post("/ui/threads/{thread_id}/message")
-async def send_message(request: Request, thread_id: str) -> Response:
-    env = guard(request)
+async def _message_form(request: Request) -> tuple[str, str]:
+    """A message form's text and when (``now``: stop the running turn and go first)."""
     form = await read_form(request)
     text = form.get("text", "").strip()
     if not text:
@@ -88,6 +87,13 @@ async def send_message(request: Request, thread_id: str) -> Response:
     when = form.get("when", "now")
     if when not in ("now", "queue"):
         raise Invalid("when must be 'now' or 'queue'")
+    return text, when
+
+
+@router.post("/ui/threads/{thread_id}/message")
+async def send_message(request: Request, thread_id: str) -> Response:
+    env = guard(request)
+    text, when = await _message_form(request)
     before = env.queries.thread(ADMIN, thread_id)
     sent = env.commands.post_message(ADMIN, thread_id, text, when)
     after = env.queries.thread(ADMIN, thread_id)
@@ -191,13 +197,7 @@ async def _remote_answer(
 @router.post("/ui/env/{environment_id}/threads/{thread_id}/message")
 async def send_remote(request: Request, environment_id: str, thread_id: str) -> Response:
     env = guard(request)
-    form = await read_form(request)
-    text = form.get("text", "").strip()
-    if not text:
-        raise Invalid("the message is empty")
-    when = form.get("when", "now")
-    if when not in ("now", "queue"):
-        raise Invalid("when must be 'now' or 'queue'")
+    text, when = await _message_form(request)
     link = remote.peer(env, environment_id)
     before = await remote.thread(link, thread_id)
     sent = await remote.call(

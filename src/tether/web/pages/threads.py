@@ -121,15 +121,16 @@ async def thread_page(request: Request, thread_id: str) -> Response:
         _, page = await local_page(env, thread_id)
     except NotFound as error:
         return html_page(request, "message.html", "Not found", status=404, text=error.message)
+    return _thread_html(request, page, f"view=thread&thread={thread_id}", cursor, local_context(thread_id))
+
+
+def _thread_html(
+    request: Request, page: dict[str, Any], live: str, cursor: int, where: dict[str, Any]
+) -> HTMLResponse:
+    """A thread's page, here or linked: ``live`` is what its live feed follows."""
+    title, live = page["head"]["title"], f"/ui/live?{live}"
     return html_page(
-        request,
-        "thread.html",
-        page["head"]["title"],
-        page="thread",
-        model=page,
-        live=f"/ui/live?view=thread&thread={thread_id}",
-        cursor=cursor,
-        **local_context(thread_id),
+        request, "thread.html", title, page="thread", model=page, live=live, cursor=cursor, **where
     )
 
 
@@ -157,16 +158,8 @@ async def remote_thread_page(request: Request, environment_id: str, thread_id: s
             status=error.status if error.status < 500 else 502,
             text=error.message,
         )
-    return html_page(
-        request,
-        "thread.html",
-        page["head"]["title"],
-        page="thread",
-        model=page,
-        live=f"/ui/live?view=remote&env={environment_id}&thread={thread_id}",
-        cursor=cursor,
-        **remote_context(environment_id, thread_id),
-    )
+    live = f"view=remote&env={environment_id}&thread={thread_id}"
+    return _thread_html(request, page, live, cursor, remote_context(environment_id, thread_id))
 
 
 def _monitor_answer(request: Request, view: dict[str, Any], item_id: str, back: str) -> HTMLResponse:
