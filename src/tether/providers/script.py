@@ -147,10 +147,13 @@ class ScriptProvider:
         reply: str | None = None
         saved = json.dumps(state, sort_keys=True)
         for number, action in enumerate(script["rules"][index].get("do", [])):
-            # One loop step per action, as a real agent's tool calls come one request each:
-            # a script of hundreds of delegations must not hold the loop (on a shared store a
-            # process whose heartbeat is starved past its lease is taken for gone).
-            await asyncio.sleep(0)
+            # One loop step between actions, as a real agent's tool calls come one request
+            # each: a script of hundreds of delegations must not hold the loop (on a shared
+            # store a process whose heartbeat is starved past its lease is taken for gone).
+            # None before the first: the turn just got its step, and a step here would
+            # commit the turn's deferred start alone instead of with the first action.
+            if number:
+                await asyncio.sleep(0)
             name = next(key for key in action if key in _ACTIONS)
             said = await getattr(self, f"_{name}")(turn, action, context, state, f"{turn.run.id}:{number}")
             if name == "reply":
