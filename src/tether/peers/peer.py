@@ -156,8 +156,8 @@ class Peer:
     async def _pusher(self) -> None:
         """Carry out this link's durable calls (remote creates, cancels, sends) when kicked,
         and every ``RETRY_MAX`` while some are left. Supervised: whatever fails is logged
-        and retried (the tasks stay visibly ``pending``) — it never ends but by ``close()``, since a pusher
-        that died would leave every later remote task ``pending`` for good."""
+        and retried (the tasks stay visibly ``pending``); it ends only by ``close()``, since
+        a pusher that died would leave every later remote task ``pending`` for good."""
         while True:
             self._push.clear()
             try:
