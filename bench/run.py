@@ -192,20 +192,23 @@ def bench_latency(root: Path, n: int) -> dict[str, Any]:
         peer.stop()
 
 
+#: The fan-out's child: it awaits a background ``true`` and answers FINAL when woken.
+FANOUT_CHILD = {
+    "tether_script": 1,
+    "rules": [
+        {
+            "on": "start",
+            "do": [{"bash": "true", "background": True, "await": True, "id": "b"}, {"reply": "WAITING"}],
+        },
+        {"on": "background_command", "do": [{"reply": "FINAL"}]},
+    ],
+}
+
+
 def bench_fanout(root: Path, n: int) -> dict[str, Any]:
     origin, peer = _start_pair(root)
-    child = {
-        "tether_script": 1,
-        "rules": [
-            {
-                "on": "start",
-                "do": [{"bash": "true", "background": True, "await": True, "id": "b"}, {"reply": "WAITING"}],
-            },
-            {"on": "background_command", "do": [{"reply": "FINAL"}]},
-        ],
-    }
     actions = [
-        {"delegate": {"task": child, "id": f"c{i}"} | ({"environment": "peer"} if i % 2 else {})}
+        {"delegate": {"task": FANOUT_CHILD, "id": f"c{i}"} | ({"environment": "peer"} if i % 2 else {})}
         for i in range(n)
     ]
     script = _script([{"on": "start", "do": actions}, {"on": "delegated_task", "repeat": True, "do": []}])
@@ -249,17 +252,7 @@ def _stats(server: Server) -> dict[str, float]:
 def _fanout_on(servers: list[Server], n: int) -> dict[str, Any]:
     """One parent made through the first server delegates n local children; each awaits a
     background ``true`` and answers FINAL. Any server may carry out any of the work."""
-    child = {
-        "tether_script": 1,
-        "rules": [
-            {
-                "on": "start",
-                "do": [{"bash": "true", "background": True, "await": True, "id": "b"}, {"reply": "WAITING"}],
-            },
-            {"on": "background_command", "do": [{"reply": "FINAL"}]},
-        ],
-    }
-    actions = [{"delegate": {"task": child, "id": f"c{i}"}} for i in range(n)]
+    actions = [{"delegate": {"task": FANOUT_CHILD, "id": f"c{i}"}} for i in range(n)]
     script = _script([{"on": "start", "do": actions}, {"on": "delegated_task", "repeat": True, "do": []}])
     start = time.perf_counter()
     with servers[0].client() as client:
