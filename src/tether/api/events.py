@@ -24,7 +24,7 @@ router = APIRouter(tags=["events"])
 _KEEPALIVE = 15.0
 
 
-def event_json(event: Event, environment_id: str) -> dict[str, Any]:
+def _envelope(event: Event, environment_id: str) -> dict[str, Any]:
     return {
         "id": event.id,
         "type": event.type,
@@ -33,12 +33,18 @@ def event_json(event: Event, environment_id: str) -> dict[str, Any]:
         "threadId": event.thread_id,
         "runId": event.run_id,
         "taskId": event.task_id,
-        "data": event.data,
     }
 
 
+def event_json(event: Event, environment_id: str) -> dict[str, Any]:
+    return {**_envelope(event, environment_id), "data": event.data}
+
+
 def _frame(event: Event, environment_id: str) -> str:
-    data = json.dumps(event_json(event, environment_id))
+    """``event_json`` as an SSE frame, with the data spliced in as stored: a busy feed spent
+    a tenth of its time decoding and encoding again what it only passes on. (Stored JSON
+    is ASCII-escaped, so it holds no newline that would break the frame.)"""
+    data = f"{json.dumps(_envelope(event, environment_id))[:-1]}, \"data\": {event.text}}}"
     return f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
 
 

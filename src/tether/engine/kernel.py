@@ -122,7 +122,7 @@ def reconcile(u: Unit, thread: Thread) -> None:
         if task.work_state != state:
             task.work_state = state
             save_task(u, task)
-    busy = bool(active) or u.reader.count(Item, thread_id=thread.id, status=ItemStatus.RUNNING) > 0
+    busy = bool(active) or u.count(Item, thread_id=thread.id, status=ItemStatus.RUNNING) > 0
     _note_child_active(u, thread, busy)  # before the answer: its event carries it
     if settled and not thread.cancelled and (thread.pending_answer_run_id or task):
         answer_run = u.load(Run, thread.pending_answer_run_id)

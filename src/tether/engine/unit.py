@@ -2,14 +2,21 @@
 reconcile before commit — and :class:`View`, its read-only half over a snapshot.
 
 Every record is loaded once per unit (``load``/``query`` hand back the same object for the
-same key), and ``save`` writes through at once, so later queries in the same transaction
-see it. That removes a whole class of bug: two helpers holding two copies of one thread
+same key). That removes a whole class of bug: two helpers holding two copies of one thread
 and the second ``put`` silently undoing the first.
+
+Writes are behind, not through: a command that saves one thread five times writes it
+once. Saved records are put before the next query of the store (so it sees them, through
+its filter columns) and all at the end (``write``); events wait for the end too, and an
+``*.updated`` event replaces the one before it for the same record (a reader can never see
+the state in between: it was never committed). Nothing of this is visible outside the
+transaction, so it is the same history with less encoding.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import itertools
+from typing import Any, NamedTuple, TypeVar
 
 from tether.domain.records import Record, Thread
 from tether.errors import NotFound
@@ -49,10 +56,18 @@ class View:
         return record
 
     def query(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
+        self._put_saved()
         found = []
         for record in self.reader.find(cls, limit=limit, **where):
             found.append(self._cache.setdefault(self._key(record), record))
         return found  # type: ignore[return-value]
+
+    def count(self, cls: type[Record], **where: Any) -> int:
+        self._put_saved()
+        return self.reader.count(cls, **where)
+
+    def _put_saved(self) -> None:
+        """Nothing to write in a read-only view (see ``Unit``)."""
 
 
 class Unit(View):
@@ -65,10 +80,20 @@ class Unit(View):
         self.dirty: dict[str, None] = {}
         #: Keys ("thread:ID", "task:ID", "events") whose waiters should wake after commit.
         self.touched: set[str] = set()
+        self._saved: dict[tuple[type, str], Record] = {}
+        #: Events to append at the end, keyed so an ``*.updated`` replaces its predecessor.
+        self._events: dict[tuple[Any, ...], _Event] = {}
+        self._numbers = itertools.count()
 
     def save(self, record: Record) -> None:
-        self._cache[self._key(record)] = record
-        self.tx.put(record)
+        key = self._key(record)
+        self._cache[key] = record
+        self._saved[key] = record
+
+    def _put_saved(self) -> None:
+        saved, self._saved = self._saved, {}
+        for record in saved.values():
+            self.tx.put(record)
 
     def emit(
         self,
@@ -79,16 +104,16 @@ class Unit(View):
         run_id: str | None = None,
         task_id: str | None = None,
     ) -> None:
-        """Append an event. Its fence token is the thread's: a peer sees what it created."""
+        """Append an event (at the end of the unit). Its fence token is the thread's: a
+        peer sees what it created. A later ``*.updated`` of the same record replaces this
+        one: both carry the record's whole view, and only the last was ever committed."""
         thread = self.load(Thread, thread_id)
-        self.tx.append_event(
-            type,
-            data,
-            thread_id=thread_id,
-            run_id=run_id,
-            task_id=task_id,
-            token_id=thread.token_id if thread else None,
-        )
+        event = _Event(type, data, thread_id, run_id, task_id, thread.token_id if thread else None)
+        key: tuple[Any, ...] = (type, thread_id, run_id, task_id)
+        if not type.endswith(".updated"):
+            key = (next(self._numbers), *key)
+        self._events.pop(key, None)
+        self._events[key] = event
         self.touched.add("events")
         if thread_id:
             self.touched.add(f"thread:{thread_id}")
@@ -103,3 +128,27 @@ class Unit(View):
 
     def mark(self, thread_id: str) -> None:
         self.dirty[thread_id] = None
+
+    def write(self) -> None:
+        """Put every saved record and append the events, in order: the unit's last step
+        before commit."""
+        self._put_saved()
+        events, self._events = self._events, {}
+        for event in events.values():
+            self.tx.append_event(
+                event.type,
+                event.data,
+                thread_id=event.thread_id,
+                run_id=event.run_id,
+                task_id=event.task_id,
+                token_id=event.token_id,
+            )
+
+
+class _Event(NamedTuple):
+    type: str
+    data: dict[str, Any]
+    thread_id: str | None
+    run_id: str | None
+    task_id: str | None
+    token_id: str | None

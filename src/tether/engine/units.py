@@ -63,6 +63,7 @@ class Units:
                 self._apply_deferred(u, deferred)
                 yield u
                 settle(u)
+                u.write()
         except BaseException:
             self._deferred[:0] = deferred
             raise

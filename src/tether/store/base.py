@@ -24,10 +24,12 @@ entirely or not at all (G2).
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, TypeVar
 
 from tether.domain.records import Item, Link, Message, Record, Run, Send, Task, Thread, Token
@@ -78,11 +80,16 @@ class Event:
     run_id: str | None
     task_id: str | None
     token_id: str | None
-    data: dict[str, Any]
+    #: The event's data as stored: JSON text. The feed sends it as it is, unread.
+    text: str
 
     @property
     def id(self) -> str:
         return str(self.seq)
+
+    @cached_property
+    def data(self) -> dict[str, Any]:
+        return json.loads(self.text)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

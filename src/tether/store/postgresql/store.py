@@ -64,7 +64,7 @@ def _outbox_row(row: tuple[Any, ...]) -> OutboxRow:
 
 
 def _event(row: tuple[Any, ...]) -> Event:
-    return Event(row[0], row[1], row[2], row[3], row[4], row[5], row[6], json.loads(row[7]))
+    return Event(*row)
 
 
 def _order(table: Table) -> str:

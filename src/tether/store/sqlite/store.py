@@ -165,7 +165,7 @@ class _SQLiteTransaction(_SQLiteReader, Transaction):
 
 
 def _event(row: tuple[Any, ...]) -> Event:
-    return Event(row[0], row[1], row[2], row[3], row[4], row[5], row[6], json.loads(row[7]))
+    return Event(*row)
 
 
 class SQLiteStore(Store):
