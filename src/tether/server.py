@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from pathlib import Path
 
 import uvicorn
@@ -14,9 +15,20 @@ from tether.api import create_app
 from tether.environment import Environment
 
 
+def _configure_logging() -> None:
+    """Plain lines on stderr, set before anything else does: the ``mcp`` SDK would install
+    a rich console handler, and httpx logs every request at INFO — on a busy link that was
+    a twentieth of the server's time, spent formatting lines nobody reads."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
 async def serve(
     data: Path, port: int, host: str = "127.0.0.1", name: str | None = None, store: str | None = None
 ) -> None:
+    _configure_logging()
     env = Environment(data, name, store=store)  # writes admin.token before we listen
     env.base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
     app = create_app(env)

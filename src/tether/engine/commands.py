@@ -36,7 +36,7 @@ from tether.engine.remote import Remote
 from tether.engine.unit import Unit, View
 from tether.engine.units import Deferred, Units
 from tether.engine.writes import A2A_PARENT, message, new_thread, post
-from tether.errors import Invalid
+from tether.errors import Invalid, NotFound
 from tether.ids import now
 from tether.store.base import Store
 from tether.types import Caller
@@ -221,7 +221,8 @@ class Commands(Units):
         with self.store.read() as reader:
             u = View(reader, self.environment_id)
             access.run_guard(u, caller.run_id)
-            u.need(Thread, caller.thread_id or "", "thread")
+            if not u.count(Thread, id=caller.thread_id or ""):  # no need to decode it
+                raise NotFound(f"no thread with id {caller.thread_id!r}")
         self.later(write)
 
 

@@ -107,8 +107,7 @@ class Unit(View):
         """Append an event (at the end of the unit). Its fence token is the thread's: a
         peer sees what it created. A later ``*.updated`` of the same record replaces this
         one: both carry the record's whole view, and only the last was ever committed."""
-        thread = self.load(Thread, thread_id)
-        event = _Event(type, data, thread_id, run_id, task_id, thread.token_id if thread else None)
+        event = _Event(type, data, thread_id, run_id, task_id, self._fence(thread_id))
         key: tuple[Any, ...] = (type, thread_id, run_id, task_id)
         if not type.endswith(".updated"):
             key = (next(self._numbers), *key)
@@ -119,6 +118,17 @@ class Unit(View):
             self.touched.add(f"thread:{thread_id}")
         if task_id:
             self.touched.add(f"task:{task_id}")
+
+    def _fence(self, thread_id: str | None) -> str | None:
+        """The thread's token id: from the record if this unit has it, else from its column
+        (a parent with a thousand tasks is a big record to decode for one id)."""
+        if thread_id is None:
+            return None
+        thread = self._cache.get((Thread, thread_id))
+        if isinstance(thread, Thread):
+            return thread.token_id
+        token_id: str | None = self.reader.value(Thread, thread_id, "token_id")
+        return token_id
 
     def outbox(self, kind: str, payload: dict[str, Any], thread_id: str | None = None) -> None:
         """A side effect to carry out after commit (see ``tether.engine.runtime``), on

@@ -9,12 +9,12 @@ peer becomes ``Unavailable`` ("unreachable"), and the event feed is read by one 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
+from tether.codec import loads
 from tether.errors import Conflict, Invalid, NotFound, TetherError, Unavailable
 
 RETRY_MAX = 0.5  # G7: the origin retries at most 1 s apart (we use half)
@@ -58,7 +58,7 @@ def sse_events(buffer: str) -> tuple[list[Event], str]:
             elif line.startswith("data:"):
                 data.append(line[5:].strip())
         if data and event_id is not None:
-            events.append((int(event_id), json.loads("\n".join(data))))
+            events.append((int(event_id), loads("\n".join(data))))
     return events, rest
 
 

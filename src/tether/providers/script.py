@@ -145,7 +145,7 @@ class ScriptProvider:
         turn.save_state(state)
         context = _Context(turn.text, state["tasks"])
         reply: str | None = None
-        saved = json.dumps(state, sort_keys=True)
+        saved = _copy(state)
         for number, action in enumerate(script["rules"][index].get("do", [])):
             # One loop step between actions, as a real agent's tool calls come one request
             # each: a script of hundreds of delegations must not hold the loop (on a shared
@@ -158,10 +158,9 @@ class ScriptProvider:
             said = await getattr(self, f"_{name}")(turn, action, context, state, f"{turn.run.id}:{number}")
             if name == "reply":
                 reply = said
-            now_state = json.dumps(state, sort_keys=True)
-            if now_state != saved:  # an action recorded an id or a task: keep it durable
+            if state != saved:  # an action recorded an id or a task: keep it durable
                 turn.save_state(state)
-                saved = now_state
+                saved = _copy(state)
         return reply
 
     # Actions. Each takes (turn, action, context, state, key); ``key`` is unique per run and
@@ -263,6 +262,13 @@ class ScriptProvider:
 
     async def _fail(self, turn: Turn, action: dict, context: _Context, state: dict, key: str) -> None:
         raise ScriptFailure(context.render(action["fail"]))
+
+
+def _copy(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy to compare ``state`` with after an action: actions only set entries of its
+    containers (never change a value in place), so copying each container is enough — and
+    far cheaper than encoding a state that holds a thousand task ids after every action."""
+    return {key: value.copy() if isinstance(value, dict | list) else value for key, value in state.items()}
 
 
 def _remember(context: _Context, view: dict[str, Any], ref: str | None) -> None:

@@ -24,7 +24,6 @@ entirely or not at all (G2).
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
+from tether.codec import loads
 from tether.domain.records import Item, Link, Message, Record, Run, Send, Task, Thread, Token
 
 R = TypeVar("R", bound=Record)
@@ -89,7 +89,8 @@ class Event:
 
     @cached_property
     def data(self) -> dict[str, Any]:
-        return json.loads(self.text)  # type: ignore[no-any-return]
+        data: dict[str, Any] = loads(self.text)
+        return data
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,11 @@ class Reader(ABC):
 
     @abstractmethod
     def count(self, cls: type[Record], **where: Any) -> int: ...
+
+    @abstractmethod
+    def value(self, cls: type[Record], key: str, column: str) -> Any:
+        """One indexed column of one record (None if there is no such record), without
+        decoding the record: what a command needs of a big thread is often just its fence."""
 
     @abstractmethod
     def get_request(self, scope: str, key: str) -> dict[str, Any] | None: ...

@@ -222,6 +222,17 @@ class StoreContract:
             assert tx.count(Item, task_id=None) == 3
             assert tx.count(Item, task_id="tsk_1", thread_id="thr_2") == 1
 
+    def test_value_reads_one_indexed_column_of_one_record(self, store: Store) -> None:
+        with store.transaction() as tx:
+            tx.put(thread("thr_1", token_id="tok_1"))
+            tx.put(thread("thr_2"))
+        with store.read() as reader:
+            assert reader.value(Thread, "thr_1", "token_id") == "tok_1"
+            assert reader.value(Thread, "thr_2", "token_id") is None
+            assert reader.value(Thread, "thr_none", "token_id") is None
+            with pytest.raises(ValueError):
+                reader.value(Thread, "thr_1", "title")
+
     def test_find_and_count_of_every_indexed_column(self, store: Store) -> None:
         records = samples()
         with store.transaction() as tx:

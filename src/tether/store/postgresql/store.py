@@ -26,7 +26,6 @@ Reads are ``REPEATABLE READ READ ONLY`` snapshots: no lock, whole commands only.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -39,6 +38,7 @@ except ImportError as missing:  # pragma: no cover - depends on the installed ex
         "the PostgreSQL store needs psycopg: pip install 'tether[postgresql]'"
     ) from missing
 
+from tether.codec import dumps, loads
 from tether.domain.records import Record
 from tether.ids import now
 from tether.store.base import TABLES, Event, ForeignThread, OutboxRow, R, Reader, Store, Table, Transaction
@@ -55,12 +55,9 @@ _OUTBOX_COLUMNS = "id, kind, payload, thread_id, attempts, last_error, parked"
 _EVENT_COLUMNS = "seq, type, at, thread_id, run_id, task_id, token_id, data"
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
 
 def _outbox_row(row: tuple[Any, ...]) -> OutboxRow:
-    return OutboxRow(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], bool(row[6]))
+    return OutboxRow(row[0], row[1], loads(row[2]), row[3], row[4], row[5], bool(row[6]))
 
 
 def _event(row: tuple[Any, ...]) -> Event:
@@ -99,7 +96,7 @@ class _PGReader(Reader):
     def get(self, cls: type[R], key: str) -> R | None:
         table = TABLES[cls]
         row = self._one(f"SELECT data FROM {table.name} WHERE {table.key} = %s", (key,))
-        return cls.from_dict(json.loads(row[0])) if row else None
+        return cls.from_dict(loads(row[0])) if row else None
 
     def find(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
         table = TABLES[cls]
@@ -107,7 +104,14 @@ class _PGReader(Reader):
         sql = f"SELECT data FROM {table.name}{clause} ORDER BY {_order(table)}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return [cls.from_dict(json.loads(row[0])) for row in self._conn.execute(sql, args)]
+        return [cls.from_dict(loads(row[0])) for row in self._conn.execute(sql, args)]
+
+    def value(self, cls: type[Record], key: str, column: str) -> Any:
+        table = TABLES[cls]
+        if column not in table.columns:
+            raise ValueError(f"{table.name} has no column {column}")
+        row = self._one(f"SELECT {column} FROM {table.name} WHERE {table.key} = %s", (key,))
+        return row[0] if row else None
 
     def count(self, cls: type[Record], **where: Any) -> int:
         table = TABLES[cls]
@@ -117,7 +121,7 @@ class _PGReader(Reader):
 
     def get_request(self, scope: str, key: str) -> dict[str, Any] | None:
         row = self._one("SELECT response FROM requests WHERE scope = %s AND key = %s", (scope, key))
-        return json.loads(row[0]) if row else None
+        return loads(row[0]) if row else None
 
     def get_meta(self, key: str) -> str | None:
         row = self._one("SELECT value FROM meta WHERE key = %s", (key,))
@@ -163,7 +167,7 @@ class _PGTransaction(_PGReader, Transaction):
             f"INSERT INTO {table.name} ({', '.join(names)}, data) "
             f"VALUES ({', '.join(['%s'] * (len(names) + 1))}) "
             f"ON CONFLICT ({table.key}) DO UPDATE SET {updates}",
-            (*values, _dumps(record.to_dict())),
+            (*values, dumps(record.to_dict())),
         )
 
     def append_event(
@@ -180,7 +184,7 @@ class _PGTransaction(_PGReader, Transaction):
         row = self._one(
             "INSERT INTO events (type, at, thread_id, run_id, task_id, token_id, data) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING seq",
-            (type, now(), thread_id, run_id, task_id, token_id, _dumps(data)),
+            (type, now(), thread_id, run_id, task_id, token_id, dumps(data)),
         )
         return int(row[0]) if row else 0
 
@@ -188,7 +192,7 @@ class _PGTransaction(_PGReader, Transaction):
         self._ring("outbox")
         row = self._one(
             "INSERT INTO outbox (kind, payload, thread_id, member) VALUES (%s, %s, %s, %s) RETURNING id",
-            (kind, _dumps(payload), thread_id, payload.get("member")),
+            (kind, dumps(payload), thread_id, payload.get("member")),
         )
         return int(row[0]) if row else 0
 
@@ -234,7 +238,7 @@ class _PGTransaction(_PGReader, Transaction):
         self._conn.execute(
             "INSERT INTO requests (scope, key, response) VALUES (%s, %s, %s) "
             "ON CONFLICT (scope, key) DO UPDATE SET response = excluded.response",
-            (scope, key, _dumps(response)),
+            (scope, key, dumps(response)),
         )
 
     def set_meta(self, key: str, value: str) -> None:

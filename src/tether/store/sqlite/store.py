@@ -10,7 +10,6 @@ takes no write lock).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -18,21 +17,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tether.codec import dumps, loads
 from tether.domain.records import Record
 from tether.ids import now
 from tether.store.base import TABLES, Event, ForeignThread, OutboxRow, R, Reader, Store, Table, Transaction
 from tether.store.sqlite.schema import MIGRATIONS
 
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
 _OUTBOX_COLUMNS = "id, kind, payload, thread_id, attempts, last_error, parked"
 
 
 def _outbox_row(row: tuple[Any, ...]) -> OutboxRow:
-    return OutboxRow(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], bool(row[6]))
+    return OutboxRow(row[0], row[1], loads(row[2]), row[3], row[4], row[5], bool(row[6]))
 
 
 class _SQLiteReader(Reader):
@@ -58,7 +53,7 @@ class _SQLiteReader(Reader):
     def get(self, cls: type[R], key: str) -> R | None:
         table = TABLES[cls]
         row = self._conn.execute(f"SELECT data FROM {table.name} WHERE {table.key} = ?", (key,)).fetchone()
-        return cls.from_dict(json.loads(row[0])) if row else None
+        return cls.from_dict(loads(row[0])) if row else None
 
     def find(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
         table = TABLES[cls]
@@ -66,18 +61,26 @@ class _SQLiteReader(Reader):
         sql = f"SELECT data FROM {table.name}{clause} ORDER BY {table.order}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return [cls.from_dict(json.loads(row[0])) for row in self._conn.execute(sql, args)]
+        return [cls.from_dict(loads(row[0])) for row in self._conn.execute(sql, args)]
 
     def count(self, cls: type[Record], **where: Any) -> int:
         table = TABLES[cls]
         clause, args = self._where(table, where)
         return self._conn.execute(f"SELECT COUNT(*) FROM {table.name}{clause}", args).fetchone()[0]
 
+    def value(self, cls: type[Record], key: str, column: str) -> Any:
+        table = TABLES[cls]
+        if column not in table.columns:
+            raise ValueError(f"{table.name} has no column {column}")
+        sql = f"SELECT {column} FROM {table.name} WHERE {table.key} = ?"
+        row = self._conn.execute(sql, (key,)).fetchone()
+        return row[0] if row else None
+
     def get_request(self, scope: str, key: str) -> dict[str, Any] | None:
         row = self._conn.execute(
             "SELECT response FROM requests WHERE scope = ? AND key = ?", (scope, key)
         ).fetchone()
-        return json.loads(row[0]) if row else None
+        return loads(row[0]) if row else None
 
     def get_meta(self, key: str) -> str | None:
         row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -117,7 +120,7 @@ class _SQLiteTransaction(_SQLiteReader, Transaction):
             f"INSERT INTO {table.name} ({', '.join(names)}, data) "
             f"VALUES ({', '.join('?' * (len(names) + 1))}) "
             f"ON CONFLICT({table.key}) DO UPDATE SET {updates}",
-            (*values, _dumps(record.to_dict())),
+            (*values, dumps(record.to_dict())),
         )
 
     def append_event(
@@ -133,14 +136,14 @@ class _SQLiteTransaction(_SQLiteReader, Transaction):
         cursor = self._conn.execute(
             "INSERT INTO events (type, at, thread_id, run_id, task_id, token_id, data) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (type, now(), thread_id, run_id, task_id, token_id, _dumps(data)),
+            (type, now(), thread_id, run_id, task_id, token_id, dumps(data)),
         )
         return int(cursor.lastrowid or 0)
 
     def add_outbox(self, kind: str, payload: dict[str, Any], thread_id: str | None = None) -> int:
         cursor = self._conn.execute(
             "INSERT INTO outbox (kind, payload, thread_id) VALUES (?, ?, ?)",
-            (kind, _dumps(payload), thread_id),
+            (kind, dumps(payload), thread_id),
         )
         return int(cursor.lastrowid or 0)
 
@@ -157,7 +160,7 @@ class _SQLiteTransaction(_SQLiteReader, Transaction):
     def put_request(self, scope: str, key: str, response: dict[str, Any]) -> None:
         self._conn.execute(
             "INSERT OR REPLACE INTO requests (scope, key, response) VALUES (?, ?, ?)",
-            (scope, key, _dumps(response)),
+            (scope, key, dumps(response)),
         )
 
     def set_meta(self, key: str, value: str) -> None:
