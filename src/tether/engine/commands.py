@@ -84,6 +84,7 @@ class Commands(Units):
         self.a2a_message = self.remote.a2a_message
         self.a2a_push_configs = self.remote.a2a_push_configs
         self.effects_done = self.recovery.effects_done
+        self.effects_done_soon = self.recovery.effects_done_soon
         self.recover = self.recovery.recover
 
     # Access (G10): the fence, as callers outside the engine reach it.

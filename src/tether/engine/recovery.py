@@ -39,6 +39,19 @@ class Recovery:
                 if retry_at is None:
                     _parked(u, row, error)
 
+    def effects_done_soon(self, done: list[int]) -> None:
+        """Outbox rows were carried out: remove them with the next command instead of in a
+        transaction of their own (``Units.later``). Until then they are still stored, and
+        a crash re-runs them, which their handlers allow (they are idempotent); the drain
+        that carried them out skips them meanwhile."""
+
+        def write(u: Unit) -> None:
+            u.touched.add("effects")
+            for row_id in done:
+                u.tx.remove_outbox(row_id)
+
+        self.units.later(write)
+
     def recover(self, exited: dict[str, int | None], lost: list[str], member: str | None = None) -> list[str]:
         """Start-up, one transaction: running runs → interrupted, one ``restart`` run per
         thread; processes that ended while we were down are reported as usual

@@ -67,6 +67,8 @@ LEASE = 15.0
 POLL = 1.0
 #: How many outbox rows a process claims at a time (the rest stay for the others).
 CLAIM_BATCH = 20
+#: How many outbox rows a process alone on its store reads at a time.
+_BATCH = 200
 
 
 def retry_at(attempts: int, now: float) -> float | None:
@@ -109,6 +111,8 @@ class Runtime:
         self._turns: dict[str, asyncio.Task[None]] = {}
         self._drain_task: asyncio.Task[None] | None = None
         self._drain_again = False
+        #: Rows carried out whose removal waits for the next command (``effects_done_soon``).
+        self._carried: set[int] = set()
         self._retry: asyncio.TimerHandle | None = None
         self._timer_wakeup = asyncio.Event()
         #: Armed timers ``(dueAt, itemId, kind)``, soonest first: scheduled wakes and task
@@ -268,8 +272,13 @@ class Runtime:
                     failed.append((row, error, retry_at(row.attempts + 1, time.time())))
             if rows:
                 # One transaction for the batch: a crash before it re-runs the handlers,
-                # which are idempotent.
-                self.commands.effects_done(done, failed)
+                # which are idempotent. Alone on the store with nothing failed, the rows
+                # go with the next command (and are skipped here until then).
+                if failed or self.store.shared:
+                    self.commands.effects_done(done, failed)
+                else:
+                    self.commands.effects_done_soon(done)
+                    self._carried.update(done)
             elif not self._drain_again:
                 with self.store.read() as reader:
                     when = reader.next_retry()
@@ -283,7 +292,10 @@ class Runtime:
             with self.store.transaction() as tx:  # a small batch: what is claimed is done soon
                 return tx.claim_outbox(self.member, time.time(), self.lease, CLAIM_BATCH)
         with self.store.read() as reader:
-            return reader.outbox(200, due=time.time())
+            rows = reader.outbox(_BATCH, due=time.time())
+        if len(rows) < _BATCH:  # every stored row was read: the others were removed
+            self._carried &= {row.id for row in rows}
+        return [row for row in rows if row.id not in self._carried]
 
     async def _carry_out(self, row: OutboxRow) -> str | None:
         """Run ``row``'s handler; None when it succeeded, else what went wrong."""

@@ -120,16 +120,16 @@ async def test_the_drain_is_supervised_a_crash_is_logged_and_it_starts_again(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(runtime_module, "RESTART_DELAY", 0.01)
-    original = runtime.commands.effects_done
+    original = runtime.commands.effects_done_soon  # what a process alone on its store calls
     crashes = []
 
-    def crash_once(done: list[int], failed: list[Any]) -> None:
+    def crash_once(done: list[int]) -> None:
         if not crashes:
             crashes.append(1)
             raise RuntimeError("the store went away for a moment")
-        original(done, failed)
+        original(done)
 
-    monkeypatch.setattr(runtime.commands, "effects_done", crash_once)
+    monkeypatch.setattr(runtime.commands, "effects_done_soon", crash_once)
     spawned: list[str] = []
     runtime.add_handler("process.start", lambda row: spawned.append(row.payload["itemId"]))
     runtime.commands.start_process(thread_of(runtime), "command", "true")
@@ -141,6 +141,23 @@ async def test_the_drain_is_supervised_a_crash_is_logged_and_it_starts_again(
     await until(runtime, ["effects"], drained)
     assert crashes and "the outbox drain failed" in caplog.text
     assert len(spawned) == 2, "the crashed batch was carried out again (handlers are idempotent)"
+
+
+async def test_a_carried_out_row_is_removed_later_and_never_carried_out_twice(runtime: Runtime) -> None:
+    """Alone on its store, the drain removes what it carried out with the next command; until
+    then the rows are still stored, and the drain (which reads again at once) skips them."""
+    spawned: list[str] = []
+    runtime.add_handler("process.start", lambda row: spawned.append(row.payload["itemId"]))
+    thread = thread_of(runtime)
+    items = [runtime.commands.start_process(thread, "command", "true")["id"] for _ in range(3)]
+
+    def drained() -> bool | None:
+        with runtime.store.read() as reader:
+            return True if not reader.outbox() else None
+
+    await until(runtime, ["effects"], drained)
+    assert sorted(spawned) == sorted(items), "each row carried out exactly once"
+    assert runtime._due_rows() == [] and not runtime._carried, "nothing left to skip"
 
 
 async def test_a_long_script_turn_gives_the_loop_a_step_between_actions(runtime: Runtime) -> None:
