@@ -12,7 +12,7 @@ from contract import StoreContract, run, thread
 from tether.domain.records import Thread
 from tether.domain.types import RunStatus
 from tether.store.base import Store
-from tether.store.sqlite import SQLiteStore, schema
+from tether.store.sqlite import SQLiteStore, checkpoint, schema
 
 
 class TestSQLiteStore(StoreContract):
@@ -77,6 +77,30 @@ class TestSQLiteStore(StoreContract):
             tx.put(thread("thr_1"))
         with store.transaction() as tx:
             assert tx.get(Thread, "thr_1") is not None
+
+    def test_the_wal_is_checkpointed_by_a_thread_of_its_own_not_by_commits(
+        self, store: SQLiteStore, location: Path
+    ) -> None:
+        """Far below SQLite's own threshold (1,000 pages), committed rows still reach the
+        database file: the checkpoint thread copied them, not a COMMIT on the loop."""
+        done = store._checkpointer.checkpointed
+        for i in range(checkpoint.EVERY):
+            with store.transaction() as tx:
+                tx.append_event("test.event", {"i": i, "text": "x" * 1000})
+
+        def in_the_file() -> int:  # immutable: the database file alone, not the WAL
+            conn = sqlite3.connect(f"file:{location / 't.db'}?immutable=1", uri=True)
+            try:
+                return int(conn.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+            except sqlite3.OperationalError:  # not even the schema is in the file yet
+                return 0
+            finally:
+                conn.close()
+
+        while in_the_file() < checkpoint.EVERY:
+            assert done.wait(10), "no checkpoint within 10 s"
+            done.clear()
+        assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == checkpoint.BACKSTOP
 
     def test_records_are_kept_as_json_beside_their_filter_columns(self, store: Store, location: Path) -> None:
         with store.transaction() as tx:

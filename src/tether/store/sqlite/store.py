@@ -5,7 +5,8 @@ server): any use from another thread raises :class:`ForeignThread` before a stat
 runs, so transactions never interleave inside this process. A command's transaction is
 ``BEGIN IMMEDIATE``, which takes the write lock up front and keeps a second process (a CLI
 tool, say) from deadlocking against us; a read is a plain ``BEGIN`` (a WAL snapshot that
-takes no write lock).
+takes no write lock). Checkpoints of the WAL run on a thread of their own, which touches
+no record (``checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tether.codec import dumps, loads
 from tether.domain.records import Record
 from tether.ids import now
 from tether.store.base import TABLES, Event, ForeignThread, OutboxRow, R, Reader, Store, Table, Transaction
+from tether.store.sqlite.checkpoint import BACKSTOP, Checkpointer
 from tether.store.sqlite.schema import MIGRATIONS
 
 _OUTBOX_COLUMNS = "id, kind, payload, thread_id, attempts, last_error, parked"
@@ -180,8 +182,10 @@ class SQLiteStore(Store):
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA busy_timeout=5000")
+        self._conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP}")
         self._tx_depth = 0
         self._migrate()
+        self._checkpointer = Checkpointer(self.path)
 
     def _migrate(self) -> None:
         version = self._conn.execute("PRAGMA user_version").fetchone()[0]
@@ -232,6 +236,7 @@ class SQLiteStore(Store):
         with self._begin("BEGIN IMMEDIATE"):
             yield _SQLiteTransaction(self._conn)
         self.commits += 1
+        self._checkpointer.committed()
 
     @contextmanager
     def read(self) -> Iterator[Reader]:
@@ -261,4 +266,5 @@ class SQLiteStore(Store):
 
     def close(self) -> None:
         self._own()
+        self._checkpointer.close()
         self._conn.close()
