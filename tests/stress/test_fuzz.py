@@ -15,6 +15,7 @@ Generation is seeded from the suite's seed (``TETHER_STRESS_SEED`` replays it).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -396,13 +397,15 @@ def test_sessions_opened_by_a_link_token_do_not_lock_out_the_admin(module_server
     headers = {**MCP_HEADERS, "Authorization": f"Bearer {token}"}
     statuses: dict[int, int] = {}
     sessions: list[str] = []
+    counting = threading.Lock()  # eight workers count into one dict
     per_worker = (SESSIONS_PER_TOKEN + 40 if not FULL else 10_400) // 8  # full: past the SDK's own cap
 
     def open_many(count: int) -> None:
         with httpx.Client(base_url=server.url, headers=headers, timeout=30) as client:
             for _ in range(count):
                 answer = client.post("/mcp", json=INITIALIZE)
-                statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
+                with counting:
+                    statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
                 if answer.status_code == 200:
                     sessions.append(answer.headers["mcp-session-id"])
 

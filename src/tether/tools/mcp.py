@@ -230,10 +230,21 @@ class _Guard:
             await error_response(429, "too_many_sessions", message)(scope, receive, send)
             return
         self._opening[key] += 1  # a place held while the answer (with its session id) is on its way
+        held = True
+
+        def release() -> None:
+            """Give the place back once: when the session id is noted (it counts in ``owned``
+            from then on, and counting it twice would refuse a token below its cap), or
+            when the answer carried none."""
+            nonlocal held
+            if held:
+                held = False
+                self._opening[key] -= 1
+
         try:
-            await self.inner(scope, receive, _noting_session(send, owned))
+            await self.inner(scope, receive, _noting_session(send, owned, release))
         finally:
-            self._opening[key] -= 1
+            release()
 
     def _owned(self, key: tuple[str, str | None]) -> set[str]:
         """The sessions ``key`` opened that the SDK still holds (closed ones drop out)."""
@@ -243,14 +254,15 @@ class _Guard:
         return owned
 
 
-def _noting_session(send: Send, owned: set[str]) -> Send:
-    """``send``, noting the session id an ``initialize`` answer hands out."""
+def _noting_session(send: Send, owned: set[str], noted: Callable[[], None]) -> Send:
+    """``send``, noting the session id an ``initialize`` answer hands out (then ``noted``)."""
 
     async def noting(message: Message) -> None:
         if message["type"] == "http.response.start":
             for name, value in message.get("headers", ()):
                 if name.lower() == b"mcp-session-id":
                     owned.add(value.decode("latin-1"))
+                    noted()
         await send(message)
 
     return noting
