@@ -30,6 +30,7 @@ class Record:
     """
 
     _names: tuple[str, ...] = ()
+    _known: frozenset[str] = frozenset()
 
     def __init_subclass__(cls) -> None:
         super().__init_subclass__()
@@ -39,6 +40,7 @@ class Record:
     def _fields(cls) -> tuple[str, ...]:
         if not cls._names:
             cls._names = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+            cls._known = frozenset(cls._names)
         return cls._names
 
     def to_dict(self) -> dict[str, Any]:
@@ -46,8 +48,10 @@ class Record:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        known = cls._fields()
-        return cls(**{k: v for k, v in data.items() if k in known})
+        cls._fields()
+        if data.keys() <= cls._known:  # the usual case: a record this version wrote
+            return cls(**data)
+        return cls(**{k: v for k, v in data.items() if k in cls._known})
 
 
 @dataclass

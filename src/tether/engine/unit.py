@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, NamedTuple, TypeVar
 
+from tether.codec import loads
 from tether.domain.records import Record, Thread
 from tether.errors import NotFound
 from tether.ids import now
@@ -56,10 +57,15 @@ class View:
         return record
 
     def query(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
+        """Records found by the store, each the one this view already holds if it does
+        (then it is not decoded again: settling asks about the same runs several times)."""
         self._put_saved()
         found = []
-        for record in self.reader.find(cls, limit=limit, **where):
-            found.append(self._cache.setdefault(self._key(record), record))
+        for key, text in self.reader.find_rows(cls, limit, **where):
+            record = self._cache.get((cls, key))
+            if record is None:
+                record = self._cache[(cls, key)] = cls.from_dict(loads(text))
+            found.append(record)
         return found  # type: ignore[return-value]
 
     def count(self, cls: type[Record], **where: Any) -> int:

@@ -118,9 +118,14 @@ class Reader(ABC):
     @abstractmethod
     def get(self, cls: type[R], key: str) -> R | None: ...
 
-    @abstractmethod
     def find(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
         """Records whose indexed fields equal ``where`` (a list or set value means IN)."""
+        return [cls.from_dict(loads(text)) for _, text in self.find_rows(cls, limit, **where)]
+
+    @abstractmethod
+    def find_rows(self, cls: type[Record], limit: int | None = None, **where: Any) -> list[tuple[str, str]]:
+        """``find``, undecoded: each record's key and stored JSON, so a caller that already
+        holds some of them decodes only the others."""
 
     @abstractmethod
     def count(self, cls: type[Record], **where: Any) -> int: ...

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tether.codec import loads
 from tether.domain.records import Item, Link, Message, Record, Run, Send, Task, Thread, Token
 from tether.domain.types import Delivery, ItemKind, RunStatus, TaskStatus
 from tether.store.base import TABLES, ForeignThread, Store
@@ -221,6 +222,17 @@ class StoreContract:
             assert tx.count(Item, kind=[ItemKind.COMMAND, ItemKind.MONITOR]) == 2
             assert tx.count(Item, task_id=None) == 3
             assert tx.count(Item, task_id="tsk_1", thread_id="thr_2") == 1
+
+    def test_find_rows_is_find_undecoded(self, store: Store) -> None:
+        with store.transaction() as tx:
+            tx.put(run("run_2", "thr_1", 2))
+            tx.put(run("run_1", "thr_1", 1))
+            tx.put(run("run_3", "thr_2", 1))
+        with store.read() as reader:
+            rows = reader.find_rows(Run, thread_id="thr_1")
+            assert [key for key, _ in rows] == [r.id for r in reader.find(Run, thread_id="thr_1")]
+            assert [key for key, _ in rows] == ["run_1", "run_2"]
+            assert [Run.from_dict(loads(text)) for _, text in rows] == reader.find(Run, thread_id="thr_1")
 
     def test_value_reads_one_indexed_column_of_one_record(self, store: Store) -> None:
         with store.transaction() as tx:

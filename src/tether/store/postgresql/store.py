@@ -98,13 +98,13 @@ class _PGReader(Reader):
         row = self._one(f"SELECT data FROM {table.name} WHERE {table.key} = %s", (key,))
         return cls.from_dict(loads(row[0])) if row else None
 
-    def find(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
+    def find_rows(self, cls: type[Record], limit: int | None = None, **where: Any) -> list[tuple[str, str]]:
         table = TABLES[cls]
         clause, args = self._where(table, where)
-        sql = f"SELECT data FROM {table.name}{clause} ORDER BY {_order(table)}"
+        sql = f"SELECT {table.key}, data FROM {table.name}{clause} ORDER BY {_order(table)}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return [cls.from_dict(loads(row[0])) for row in self._conn.execute(sql, args)]
+        return [(row[0], row[1]) for row in self._conn.execute(sql, args)]
 
     def value(self, cls: type[Record], key: str, column: str) -> Any:
         table = TABLES[cls]

@@ -57,13 +57,13 @@ class _SQLiteReader(Reader):
         row = self._conn.execute(f"SELECT data FROM {table.name} WHERE {table.key} = ?", (key,)).fetchone()
         return cls.from_dict(loads(row[0])) if row else None
 
-    def find(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
+    def find_rows(self, cls: type[Record], limit: int | None = None, **where: Any) -> list[tuple[str, str]]:
         table = TABLES[cls]
         clause, args = self._where(table, where)
-        sql = f"SELECT data FROM {table.name}{clause} ORDER BY {table.order}"
+        sql = f"SELECT {table.key}, data FROM {table.name}{clause} ORDER BY {table.order}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return [cls.from_dict(loads(row[0])) for row in self._conn.execute(sql, args)]
+        return self._conn.execute(sql, args).fetchall()
 
     def count(self, cls: type[Record], **where: Any) -> int:
         table = TABLES[cls]
