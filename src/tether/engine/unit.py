@@ -6,8 +6,8 @@ same key). That removes a whole class of bug: two helpers holding two copies of 
 and the second ``put`` silently undoing the first.
 
 Writes are behind, not through: a command that saves one thread five times writes it
-once. Saved records are put before the next query of the store (so it sees them, through
-its filter columns) and all at the end (``write``); events wait for the end too, and an
+once. Saved records are put before the next query of their table (so it sees them,
+through its filter columns) and all at the end (``write``); events wait for the end too, and an
 ``*.updated`` event replaces the one before it for the same record (a reader can never see
 the state in between: it was never committed). Nothing of this is visible outside the
 transaction, so it is the same history with less encoding.
@@ -59,7 +59,7 @@ class View:
     def query(self, cls: type[R], limit: int | None = None, **where: Any) -> list[R]:
         """Records found by the store, each the one this view already holds if it does
         (then it is not decoded again: settling asks about the same runs several times)."""
-        self._put_saved()
+        self._put_saved(cls)
         found = []
         for key, text in self.reader.find_rows(cls, limit, **where):
             record = self._cache.get((cls, key))
@@ -69,10 +69,10 @@ class View:
         return found  # type: ignore[return-value]
 
     def count(self, cls: type[Record], **where: Any) -> int:
-        self._put_saved()
+        self._put_saved(cls)
         return self.reader.count(cls, **where)
 
-    def _put_saved(self) -> None:
+    def _put_saved(self, cls: type[Record] | None = None) -> None:
         """Nothing to write in a read-only view (see ``Unit``)."""
 
 
@@ -96,8 +96,14 @@ class Unit(View):
         self._cache[key] = record
         self._saved[key] = record
 
-    def _put_saved(self) -> None:
-        saved, self._saved = self._saved, {}
+    def _put_saved(self, cls: type[Record] | None = None) -> None:
+        """Put the saved records (only those of ``cls``: a query reads one table)."""
+        if cls is None:
+            saved, self._saved = self._saved, {}
+        else:
+            saved = {key: record for key, record in self._saved.items() if key[0] is cls}
+            for key in saved:
+                del self._saved[key]
         for record in saved.values():
             self.tx.put(record)
 
