@@ -63,7 +63,7 @@ class Tokens:
             raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
         if hmac.compare_digest(token, self.admin_token):
             return ADMIN
-        with self.commands.view() as u:
+        with self.commands.snapshot() as u:
             found = u.query(Token, hash=hash_token(token))
         record = found[0] if found else None
         if record is None or record.revoked:
@@ -106,7 +106,7 @@ class Tokens:
         return record, secret
 
     def active(self, token_id: str) -> bool:
-        with self.commands.view() as u:
+        with self.commands.snapshot() as u:
             record = u.load(Token, token_id)
         return record is not None and not record.revoked
 
@@ -122,7 +122,7 @@ class Tokens:
                 u.save(record)
 
     def _acked(self, token_id: str) -> int:
-        with self.commands.view() as u:
+        with self.commands.snapshot() as u:
             record = u.load(Token, token_id)
         return record.acked_seq if record is not None else 1 << 62
 

@@ -76,6 +76,14 @@ class Units:
         It sees every command whole or not at all, since a command is one transaction.
         Deferred writes are applied first, so a reader in this process reads its writes."""
         self.flush()
+        with self.snapshot() as view:
+            yield view
+
+    @contextmanager
+    def snapshot(self) -> Iterator[View]:
+        """``view`` without the flush: for reads of what deferred writes never touch
+        (tokens), so that authenticating a request, or a feed checking its token, does not
+        commit a running turn's writes early."""
         with self.store.read() as reader:
             yield View(reader, self.environment_id)
 
