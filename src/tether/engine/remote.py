@@ -68,18 +68,33 @@ class Remote:
                 u.save(send)
 
     def remote_sent(
-        self, task_id: str, child_thread_id: str | None = None, remote_task_id: str | None = None
+        self,
+        task_id: str,
+        child_thread_id: str | None = None,
+        remote_task_id: str | None = None,
+        call: str = "create",
     ) -> None:
-        """The peer took the pending call; a created child's thread id (for an A2A agent:
-        its context id, and its own id of the task) is now known."""
-        with self.units.unit() as u:
-            task = u.need(Task, task_id, "task")
-            task.remote_pending = None
+        """The peer took the pending ``call`` ("create" or "cancel"); a created child's
+        thread id (for an A2A agent: its context id, and its own id of the task) is now
+        known. Only that call stops being pending: a cancel decided while the create was on
+        its way is still to send. Deferred (``later``): it goes with the next command, and
+        the pusher's next look at what is pending (a ``view``) flushes it first. A crash
+        before that pushes the call again, which the peer answers as already done (409 for a
+        create; a cancel is idempotent)."""
+
+        def write(u: Unit) -> None:
+            task = u.load(Task, task_id)
+            if task is None:
+                return
+            if task.remote_pending == call:
+                task.remote_pending = None
             if child_thread_id and not task.child_thread_id:
                 task.child_thread_id = child_thread_id
             if remote_task_id and not task.remote_task_id:
                 task.remote_task_id = remote_task_id
             save_task(u, task)
+
+        self.units.later(write)
 
     def remote_refused(self, task_id: str, message: str) -> None:
         """The peer refused to create the child (bad input, fence): the task fails, and the

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import os
 import time
@@ -44,8 +43,9 @@ from tether.engine.commands import Commands
 from tether.engine.notify import Notifier
 from tether.engine.port import Services, Turn
 from tether.engine.processes import ProcessManager, choose_backend
+from tether.engine.timers import Timers
 from tether.errors import Conflict
-from tether.ids import format_time, new_id, parse_time
+from tether.ids import format_time, new_id
 from tether.store.base import OutboxRow, Store
 
 log = logging.getLogger(__name__)
@@ -101,12 +101,13 @@ class Runtime:
         self.processes = ProcessManager(
             data_dir / "proc", self.workspace, self._lines, self._exited, choose_backend()
         )
+        self.timers = Timers(store, self.commands)
         self.handlers: dict[str, OutboxHandler] = {
             "run.execute": self._execute,
             "run.stop": self._stop_run,
             "process.start": self._spawn,
             "process.kill": self._kill,
-            "timer.arm": self._arm,
+            "timer.arm": self.timers.arm,
         }
         self._turns: dict[str, asyncio.Task[None]] = {}
         self._drain_task: asyncio.Task[None] | None = None
@@ -114,10 +115,6 @@ class Runtime:
         #: Rows carried out whose removal waits for the next command (``effects_done_soon``).
         self._carried: set[int] = set()
         self._retry: asyncio.TimerHandle | None = None
-        self._timer_wakeup = asyncio.Event()
-        #: Armed timers ``(dueAt, itemId, kind)``, soonest first: scheduled wakes and task
-        #: deadlines. Seeded from the store at start, fed by ``timer.arm`` rows after.
-        self._due: list[tuple[str, str, str]] = []
         self._timer_task: asyncio.Task[None] | None = None
         self._started = False
         self._retention = timedelta(days=retention_days)
@@ -161,14 +158,14 @@ class Runtime:
             else:
                 lost.append(item.id)
         self.commands.recover(exited, lost, self.member if self.store.shared else None)
-        self._seed_timers()
+        self.timers.seed()
         self._seen = self.store.last_event_seq()
         self._started = True
         for item, pid in adopt:
             self.processes.watch(item, pid)
         for adopter, its in agent_run:
             adopter(services, its)
-        self._timer_task = asyncio.create_task(_supervise("timers", self._timers), name="timers")
+        self._timer_task = asyncio.create_task(_supervise("timers", self.timers.run), name="timers")
         self._housekeeping = asyncio.create_task(_supervise("prune events", self._prune), name="prune")
         if self.store.shared:
             self._shared_loops = [
@@ -415,39 +412,6 @@ class Runtime:
             self.store.prune_events(format_time(datetime.now(UTC) - self._retention))
             await asyncio.sleep(3600)
 
-    # ------------------------------------------------------------------ timers
-
-    def _arm(self, row: OutboxRow) -> None:
-        with self.store.read() as reader:
-            item = reader.get(Item, row.payload["itemId"])
-        if item is not None and item.due_at is not None:
-            heapq.heappush(self._due, (item.due_at, item.id, item.kind))
-            self._timer_wakeup.set()
-
-    def _seed_timers(self) -> None:
-        """Every timer the store holds: what fell due while we were down fires at once."""
-        with self.store.read() as reader:
-            items = reader.find(Item, status=ItemStatus.RUNNING, kind=[ItemKind.SCHEDULE, ItemKind.TASK])
-        self._due = [(i.due_at, i.id, i.kind) for i in items if i.due_at is not None]
-        heapq.heapify(self._due)
-
-    async def _timers(self) -> None:
-        """Fire scheduled wakes and task deadlines when due, each through its command, which
-        re-reads the item and does nothing if its moment has passed (a repeat is harmless)."""
-        fire = {ItemKind.SCHEDULE: self.commands.schedule_due, ItemKind.TASK: self.commands.deadline_due}
-        while True:
-            self._timer_wakeup.clear()
-            horizon = format_time(datetime.now(UTC))  # never early: a deadline means "after"
-            while self._due and self._due[0][0] <= horizon:
-                _, item_id, kind = heapq.heappop(self._due)
-                try:
-                    fire[ItemKind(kind)](item_id)
-                except Exception:  # one bad timer must not stop the others
-                    log.exception("timer of %s failed", item_id)
-            wait = (parse_time(self._due[0][0]) - datetime.now(UTC)).total_seconds() if self._due else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._timer_wakeup.wait(), wait)
-
     # ------------------------------------------------------------------ several processes
 
     async def _heartbeat(self) -> None:
@@ -489,8 +453,8 @@ class Runtime:
                 self._caught_up()
                 polled = time.monotonic()
                 self._kick()
-                self._seed_timers()
-                self._timer_wakeup.set()
+                self.timers.seed()
+                self.timers.wake()
 
     def _caught_up(self) -> None:
         """Notify the keys of every event after ``_seen``."""

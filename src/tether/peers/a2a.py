@@ -219,7 +219,7 @@ class A2APeer(Peer):
                 raise self._unreachable(error) from None
             except A2AError as error:  # it ended on its own, or cannot be cancelled: nothing to ask
                 log.info("A2A agent %s did not cancel %s: %s", self.link.name, task.remote_task_id, error)
-        self.commands.remote_sent(task.id)
+        self.commands.remote_sent(task.id, call="cancel")
 
     def _unreachable(self, error: Exception) -> Unavailable:
         """A call the pusher retries: the link shows why meanwhile (a refused token too)."""

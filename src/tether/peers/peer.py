@@ -242,7 +242,7 @@ class Peer:
             raise error_of(response)
         if response.status_code >= 500:
             raise httpx.TransportError("peer error")
-        self.commands.remote_sent(task.id)
+        self.commands.remote_sent(task.id, call="cancel")
 
     # ------------------------------------------------------------------ tool calls
 

@@ -116,6 +116,27 @@ def _remote_task(world: World) -> tuple[str, str]:
     return parent_id, view["taskId"]
 
 
+async def test_a_create_taken_by_the_peer_goes_with_the_next_command_and_keeps_a_later_cancel(
+    quiet: World,
+) -> None:
+    with quiet.store.transaction() as tx:
+        tx.put(Link("env_b", "laptop", "http://b", "t", "2026-12-03T08:00:00.000Z"))
+    parent_id, _ = quiet.parent()
+    caller = quiet.as_thread(parent_id)
+    view = quiet.commands.delegate_remote(caller, "env_b", "x")
+    quiet.commands.cancel_task(caller, view["taskId"])  # decided while the create was on its way
+    before = quiet.store.commits
+    quiet.commands.remote_sent(view["taskId"], "thr_remote")  # the create's answer
+    assert quiet.store.commits == before, "nothing committed yet"
+    quiet.end(parent_id, "delegated")
+    task = quiet.task(view["taskId"])
+    assert task.child_thread_id == "thr_remote", "it rode on the next command"
+    assert task.remote_pending == "cancel", "the cancel is still to send"
+    quiet.commands.remote_sent(view["taskId"], call="cancel")
+    quiet.commands.flush()
+    assert quiet.task(view["taskId"]).remote_pending is None
+
+
 def _as_peer_sees_it(world: World, task_id: str, **changes: Any) -> dict[str, Any]:
     task = world.task(task_id)
     for name, value in changes.items():
