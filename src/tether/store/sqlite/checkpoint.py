@@ -70,7 +70,7 @@ class Checkpointer:
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
         try:
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        except sqlite3.Error:
+        except Exception:  # whatever it is, logged, and the thread goes on (never dies silently)
             log.exception("a checkpoint of %s failed; trying again after the next commits", self._path)
         else:
             self.checkpointed.set()
