@@ -69,8 +69,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ResponsesServer]
 def codex_home() -> Iterator[Path]:
     """A fresh ``CODEX_HOME``, outside /tmp: Codex refuses to put its helper executables
     (``codex-linux-sandbox``, run by its sandbox) under a temporary directory, and then
-    every shell command of the model fails where bubblewrap is installed."""
-    home = Path(tempfile.mkdtemp(prefix=".codex-home-", dir=CODEX.parents[2]))
+    every shell command of the model fails where bubblewrap is installed. The clone itself
+    may lie under /tmp (a CI checkout), so the home goes under the user's cache instead."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    cache.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="tether-codex-home-", dir=cache))
     try:
         yield home
     finally:
