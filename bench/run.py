@@ -16,7 +16,8 @@ and written to ``bench/results/latest.json``. Timings here are reports, never pa
            SQLite, CPU seconds of tether and of PostgreSQL, and how often the one write
            lock was held and waited for. Skipped, saying so, without PostgreSQL
            (initdb/pg_ctl) or psycopg.
-- restart: start-up time with N open tasks until the server answers (recovery done).
+- restart: start-up time with N open tasks until the server answers (recovery done), and
+  until its MCP endpoint is in (the SDK loads after the server answers).
 - memory:  server RSS per idle thread and per open task, at 100 and at the full size.
 - mixed:   many clients at once (admin, a link token, a thread credential; reads, writes,
            SSE, MCP, the web page) — requests/s and p50/p99 while tasks with monitors and
@@ -411,6 +412,14 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
+def _await_mcp(server: Server) -> None:
+    """Until the MCP SDK, loaded after the server is up, is in (memory is read after it)."""
+    while (state := httpx.get(f"{server.url}/api/health").json()["mcp"]) == "loading":
+        time.sleep(0.02)  # the server has no event to await for this from outside
+    if state != "ready":
+        raise RuntimeError(f"the MCP endpoint of {server.name} is {state}")
+
+
 def bench_restart_and_memory(root: Path, sizes: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for n in sizes:
@@ -421,14 +430,18 @@ def bench_restart_and_memory(root: Path, sizes: list[int]) -> dict[str, Any]:
         start = time.perf_counter()
         server.start(timeout=120)
         startup = time.perf_counter() - start
+        _await_mcp(server)
+        mcp_ready = time.perf_counter() - start
         rss = _rss_kib(server.process.pid) if server.process else 0
         server.stop()
         empty = Server(root / f"empty-{n}", f"e{n}").start()
+        _await_mcp(empty)
         base = _rss_kib(empty.process.pid) if empty.process else 0
         empty.stop()
         out[str(n)] = {
             "openTasks": n,
             "startupSeconds": round(startup, 3),
+            "mcpReadySeconds": round(mcp_ready, 3),
             "rssKiB": rss,
             "emptyRssKiB": base,
             "kibPerOpenTaskWithThread": round((rss - base) / n, 2),

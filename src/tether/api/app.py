@@ -23,14 +23,14 @@ from tether.web import routes as web
 
 
 def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
-    mcp_app, mcp_lifespan = mcp.build(env)
+    mcp_app, mcp_sdk = mcp.build(env)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if manage_lifecycle:
             await env.start()
         try:
-            async with mcp_lifespan():
+            async with mcp_sdk.lifespan():
                 yield
         finally:
             if manage_lifecycle:
@@ -51,7 +51,7 @@ def create_app(env: Environment, manage_lifecycle: bool = True) -> FastAPI:
 
     @app.get("/api/health", tags=["environment"])
     async def health() -> dict[str, Any]:
-        return env.health()
+        return {**env.health(), "mcp": mcp_sdk.state}
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(who: Annotated[Caller, Depends(caller)]) -> JSONResponse:

@@ -13,23 +13,23 @@ identities do not.
 
 from __future__ import annotations
 
-import inspect
-import json
+import asyncio
+import importlib
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Container
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from types import ModuleType
+from typing import Any
 
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.transport_security import TransportSecuritySettings
-from mcp_types import CallToolResult, TextContent
-from pydantic import Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.api.errors import error_response
 from tether.environment import Environment
-from tether.errors import TetherError, Unauthorized
-from tether.tools.surface import DEFAULT_WAIT_MS, MAX_WAIT_MS, Tools
+from tether.errors import Unauthorized
+from tether.tools.surface import DEFAULT_WAIT_MS, MAX_WAIT_MS
+
+log = logging.getLogger(__name__)
 
 DESCRIPTIONS: dict[str, str] = {
     "delegate_task": (
@@ -158,36 +158,6 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
     return dict(resolve(schema))
 
 
-def _tool(tools: Tools, name: str, authenticate: Callable[[str | None], Any]) -> Callable[..., Any]:
-    """An MCP tool function with the signature of ``Tools.<name>`` minus the caller."""
-    method = getattr(tools, name)
-    signature = inspect.signature(method, eval_str=True)
-    parameters = [
-        p.replace(annotation=Annotated[p.annotation, Field(description=describe(name, p.name))])
-        for p in signature.parameters.values()
-        if p.name != "caller"
-    ]
-    parameters.append(inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context))
-
-    async def call(ctx: Context, **arguments: Any) -> dict[str, Any] | CallToolResult:
-        headers = ctx.headers or {}
-        scheme, _, token = (headers.get("authorization") or "").partition(" ")
-        try:
-            caller = authenticate(token.strip() if scheme.lower() == "bearer" else None)
-            return await method(caller, **arguments)
-        except TetherError as error:
-            failure = error.to_dict()
-            return CallToolResult(  # type: ignore[return-value]
-                content=[TextContent(type="text", text=json.dumps(failure))],
-                structured_content=failure,
-                is_error=True,
-            )
-
-    call.__name__ = name
-    call.__signature__ = inspect.Signature(parameters, return_annotation=dict[str, Any])  # type: ignore[attr-defined]
-    return call
-
-
 #: MCP sessions one link token or thread credential may hold open at once. The SDK's
 #: table is shared by every caller; without a cap one token holder could fill it and lock
 #: everyone else (the admin included) out until the sessions idle out.
@@ -202,10 +172,9 @@ class _Guard:
     request-response endpoint, and an instance as a raw ASGI app.
     """
 
-    def __init__(self, env: Environment, inner: ASGIApp, open_sessions: Callable[[], Container[str]]) -> None:
+    def __init__(self, env: Environment, sdk: Sdk) -> None:
         self.env = env
-        self.inner = inner
-        self._open_sessions = open_sessions
+        self._sdk = sdk
         self._sessions: dict[tuple[str, str | None], set[str]] = {}
         self._opening: Counter[tuple[str, str | None]] = Counter()
 
@@ -217,11 +186,17 @@ class _Guard:
         except Unauthorized as error:
             await error_response(401, error.code, error.message)(scope, receive, send)
             return
+        try:
+            inner, live = await self._sdk.ready()
+        except Exception as error:  # logged where it failed; said to every caller
+            message = f"the MCP endpoint could not start: {error}"
+            await error_response(503, "mcp_unavailable", message)(scope, receive, send)
+            return
         if caller.kind == "admin" or b"mcp-session-id" in headers or scope.get("method") != "POST":
-            await self.inner(scope, receive, send)
+            await inner(scope, receive, send)
             return
         key = (caller.kind, caller.token_id or caller.thread_id)
-        owned = self._owned(key)
+        owned = self._owned(key, live)
         if len(owned) + self._opening[key] >= SESSIONS_PER_TOKEN:
             message = (
                 f"this token already holds {len(owned)} open MCP sessions (at most {SESSIONS_PER_TOKEN}); "
@@ -242,13 +217,12 @@ class _Guard:
                 self._opening[key] -= 1
 
         try:
-            await self.inner(scope, receive, _noting_session(send, owned, release))
+            await inner(scope, receive, _noting_session(send, owned, release))
         finally:
             release()
 
-    def _owned(self, key: tuple[str, str | None]) -> set[str]:
-        """The sessions ``key`` opened that the SDK still holds (closed ones drop out)."""
-        live = self._open_sessions()
+    def _owned(self, key: tuple[str, str | None], live: Container[str]) -> set[str]:
+        """The sessions ``key`` opened that the SDK still holds (``live``; closed ones drop out)."""
         owned = self._sessions.setdefault(key, set())  # one set per key: in-flight answers add to it
         owned.difference_update([session for session in owned if session not in live])
         return owned
@@ -268,33 +242,72 @@ def _noting_session(send: Send, owned: set[str], noted: Callable[[], None]) -> S
     return noting
 
 
-def build(env: Environment) -> tuple[ASGIApp, Callable[[], Any]]:
-    """The ``/mcp`` ASGI app (refusing a missing or bad token with 401) and its lifespan."""
-    server = MCPServer(
-        name="tether",
-        version="1",
-        instructions=(
-            "tether runs agent threads and delegates work between them. Delegated answers come back to you "
-            "as completion wakes: do not poll."
-        ),
-    )
-    for name, description in DESCRIPTIONS.items():
-        server.add_tool(_tool(env.tools, name, env.tokens.authenticate), name=name, description=description)
-        tool = server._tool_manager.get_tool(name)
-        tool.parameters = inline_refs(tool.parameters)
-    inner = server.streamable_http_app(
-        streamable_http_path="/mcp",
-        # Sessions carry no identity (each request's bearer token does); an idle one is
-        # dropped after 10 minutes rather than the SDK's 30, to bound the session table.
-        session_idle_timeout=600,
-        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-    )
-    manager = server._lowlevel_server._session_manager  # the app's lifespan runs only when mounted as root
+
+
+def _import_sdk() -> ModuleType:
+    return importlib.import_module("tether.tools._mcp_sdk")
+
+
+#: The SDK's app and the ids of its live sessions.
+_Built = tuple[ASGIApp, Container[str]]
+
+
+class Sdk:
+    """The SDK's app, loaded off the start-up path.
+
+    Importing the ``mcp`` SDK takes about a second, more than half of a restart. So the
+    server comes up without it: the lifespan imports it on a worker thread (an import
+    touches no store) and builds the app on the loop; a request that comes before then
+    waits for it. Failing to load is logged once and answered 503 on every request, never
+    a server that will not start for want of one endpoint.
+    """
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+        self._built: asyncio.Future[_Built] | None = None
+
+    @property
+    def state(self) -> str:
+        """``loading``, ``ready`` or ``failed`` (the health endpoint shows it)."""
+        if self._built is None or not self._built.done():
+            return "loading"
+        return "failed" if self._built.exception() else "ready"
+
+    async def ready(self) -> _Built:
+        """The SDK's app and the ids of its live sessions, once they are there."""
+        if self._built is None:
+            raise RuntimeError("the server is not running (its lifespan has not started)")
+        return await asyncio.shield(self._built)  # a caller that gives up cancels only its wait
 
     @asynccontextmanager
-    async def lifespan() -> AsyncIterator[None]:
-        async with manager.run():
+    async def lifespan(self) -> AsyncIterator[None]:
+        self._built = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+        serving = asyncio.create_task(self._serve(self._built, stop), name="mcp")
+        try:
             yield
+        finally:
+            stop.set()
+            await serving
 
-    # The SDK keeps its live sessions here; the guard only asks which ids are still in it.
-    return _Guard(env, inner, lambda: manager._server_instances), lifespan
+    async def _serve(self, built: asyncio.Future[_Built], stop: asyncio.Event) -> None:
+        """Load, then keep the SDK's session manager running until ``stop``."""
+        try:
+            sdk = await asyncio.to_thread(_import_sdk)
+            app, manager = sdk.build(self.env)
+            async with manager.run():
+                built.set_result((app, manager._server_instances))  # the SDK's live sessions
+                await stop.wait()
+        except Exception as error:
+            log.exception("the MCP endpoint failed")
+            failed = asyncio.get_running_loop().create_future() if built.done() else built
+            failed.set_exception(error)  # also answers the requests waiting for it
+            failed.exception()  # retrieved here: each request reads it again
+            self._built = failed
+
+
+def build(env: Environment) -> tuple[ASGIApp, Sdk]:
+    """The ``/mcp`` ASGI app (refusing a missing or bad token with 401) and the SDK behind
+    it, whose lifespan the server runs."""
+    sdk = Sdk(env)
+    return _Guard(env, sdk), sdk
