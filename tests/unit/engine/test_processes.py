@@ -62,7 +62,7 @@ async def manager(tmp_path: Path, backend: ProcessBackend) -> AsyncIterator[tupl
     yield found, reports
     await found.close()
     for pid_file in (tmp_path / "proc").glob("*/pid"):  # a failed test leaves no command running
-        with contextlib.suppress(psutil.NoSuchProcess):
+        with contextlib.suppress(psutil.NoSuchProcess, ValueError):
             wrapper = psutil.Process(int(pid_file.read_text()))
             if str(pid_file.parent) in wrapper.cmdline():  # ours, not a reused pid
                 backend.kill_tree(wrapper.pid)
@@ -219,6 +219,17 @@ async def test_fate_tells_a_reused_pid_from_ours(
     flag.touch()
     psutil.Process(command.pid).wait(TIMEOUT)
     assert processes.fate(command) == ("exited", 4)
+
+
+def test_a_pid_file_emptied_by_a_machine_crash_reads_as_lost(manager: tuple[ProcessManager, Reports]) -> None:
+    """The pid file is written whole but not synced: after a crash of the machine it may be
+    empty, and the command (gone with the machine) must read as lost, not fail the restart."""
+    processes, _ = manager
+    command = item(ItemKind.COMMAND, "")
+    processes.dir(command.id).mkdir(parents=True)
+    (processes.dir(command.id) / "pid").write_text("")
+    assert processes.spawned_before(command.id)
+    assert processes.fate(command) == ("lost", None)
 
 
 def test_a_zombie_is_not_running(backend: ProcessBackend) -> None:

@@ -190,7 +190,10 @@ class ProcessManager:
         directory.mkdir(parents=True, exist_ok=True)
         pid = self.backend.spawn(directory, item.command or "", self.workspace)
         # Recorded at once, whole: a restart that finds it knows the command was started.
-        write_atomic(str(directory / "pid"), str(pid))
+        # Not synced (that was a disk flush per command on the loop): it only has to outlive
+        # this process, and after a crash of the machine the command is gone anyway — a pid
+        # file lost or left empty then reads as "lost", which is what happened.
+        write_atomic(str(directory / "pid"), str(pid), durable=False)
         return pid, self.backend.identity(pid)
 
     def fate(self, item: Item) -> tuple[str, int | None]:
