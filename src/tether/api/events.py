@@ -80,7 +80,9 @@ async def events(
     async def stream() -> AsyncIterator[str]:
         nonlocal cursor
         yield ": tether event feed\n\n"
-        while not await request.is_disconnected():
+        # No is_disconnected() poll here: the response already ends this generator when the
+        # client goes (Starlette listens for the disconnect beside it, or the write fails).
+        while True:
             if token is not None and who.kind == "link" and not env.tokens.active(token):
                 return  # revoked: the stream ends now, and the reconnect gets 401
             top = env.store.last_event_seq()

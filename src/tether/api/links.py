@@ -12,7 +12,7 @@ from tether.api.auth import caller, environment_dependency
 from tether.api.models import LinkRequest, LinkTokenRequest, _Body
 from tether.engine.tokens import token_view
 from tether.environment import Environment
-from tether.errors import Forbidden
+from tether.errors import Forbidden, TetherError
 from tether.types import Caller
 
 router = APIRouter(tags=["links"])
@@ -68,9 +68,36 @@ async def list_links(who: Who, env: Env) -> dict[str, Any]:
     return {"links": env.peers.list()}
 
 
+#: Tasks one ``POST /api/tasks/batch`` may carry.
+BATCH_MAX = 50
+
+
+class AcceptTasks(_Body):
+    tasks: list[AcceptTask] = Field(min_length=1, max_length=BATCH_MAX)
+
+
 @router.post("/api/tasks", status_code=201, tags=["tasks"])
 async def accept_task(body: AcceptTask, who: Who, env: Env) -> dict[str, Any]:
     """A linked environment hands us a task: we create its child thread here."""
+    return _accept(env, who, body)
+
+
+@router.post("/api/tasks/batch", tags=["tasks"])
+async def accept_tasks(body: AcceptTasks, who: Who, env: Env) -> dict[str, Any]:
+    """Several tasks handed over in one request (an origin pushing many at once): each is
+    accepted exactly as by ``POST /api/tasks``, in its own transaction, and answered on its
+    own — ``{taskId, status: 201, task}`` or ``{taskId, status, error}`` — in order."""
+    return {"results": [_accepted(env, who, task) for task in body.tasks]}
+
+
+def _accepted(env: Environment, who: Caller, body: AcceptTask) -> dict[str, Any]:
+    try:
+        return {"taskId": body.taskId, "status": 201, "task": _accept(env, who, body)}
+    except TetherError as error:
+        return {"taskId": body.taskId, "status": error.status, "error": error.to_dict()}
+
+
+def _accept(env: Environment, who: Caller, body: AcceptTask) -> dict[str, Any]:
     return env.commands.accept_task(
         who,
         body.taskId,

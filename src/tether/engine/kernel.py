@@ -30,24 +30,26 @@ def settle(u: Unit) -> None:
         del u.dirty[thread_id]
         thread = u.load(Thread, thread_id)
         if thread is not None:
-            dispatch(u, thread)
-            reconcile(u, thread)
+            reconcile(u, thread, dispatch(u, thread))
 
 
 # ---------------------------------------------------------------------- runs
 
 
-def dispatch(u: Unit, thread: Thread) -> None:
-    """One run at a time per thread, in order: start the next queued run if none runs."""
+def dispatch(u: Unit, thread: Thread) -> list[Run] | None:
+    """One run at a time per thread, in order: start the next queued run if none runs.
+    The thread's active runs when it started none (``reconcile`` needs them too), else
+    None: starting one may have changed them."""
     active = u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN))
     if any(run.status == RunStatus.RUNNING for run in active) or not active:
-        return
+        return active
     run = runs.next_to_start(active)
     runs.start(run, u.at)
     u.save(run)
     u.emit("run.started", run_view(run), thread_id=thread.id, run_id=run.id)
     u.outbox("run.execute", {"runId": run.id}, thread.id)
     _on_run_started(u, thread, run)
+    return None
 
 
 def _on_run_started(u: Unit, thread: Thread, run: Run) -> None:
@@ -104,8 +106,10 @@ def supersede(u: Unit, thread: Thread) -> list[str]:
 # ---------------------------------------------------------------------- reconcile
 
 
-def reconcile(u: Unit, thread: Thread) -> None:
-    active = u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN))
+def reconcile(u: Unit, thread: Thread, active: list[Run] | None = None) -> None:
+    """The thread's status, its task's work state, and its answer once it settled (G1)."""
+    if active is None:
+        active = u.query(Run, thread_id=thread.id, status=list(ACTIVE_RUN))
     # Only whether something holds the thread matters: one held item is enough.
     items = u.query(Item, limit=1, thread_id=thread.id, held=True)
     settled = threads.is_settled(active, items)

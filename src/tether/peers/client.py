@@ -29,17 +29,26 @@ def error_of(response: httpx.Response) -> TetherError:
     """The peer's refusal as our error: its code and message, with 401 meaning our link
     token is no longer accepted (``link_revoked``)."""
     try:
-        body = response.json()["error"]
-        message, code = body["message"], body["code"]
-    except (ValueError, KeyError, TypeError):
-        message, code = response.text[:200], None
+        body = response.json()
+    except ValueError:
+        body = None
+    return error_from(response.status_code, body, response.text)
+
+
+def error_from(status: int, body: Any, text: str = "") -> TetherError:
+    """``error_of`` for an answer already read: a status and its JSON body (``{"error":
+    {code, message}}``), or the text when the body is not that."""
+    try:
+        message, code = body["error"]["message"], body["error"]["code"]
+    except (KeyError, TypeError):
+        message, code = text[:200], None
     classes = {401: Unavailable, 403: TetherError, 404: NotFound, 409: Conflict}
-    error = classes.get(response.status_code, Invalid)(f"peer answered {response.status_code}: {message}")
-    if response.status_code == 401:
+    error = classes.get(status, Invalid)(f"peer answered {status}: {message}")
+    if status == 401:
         error.code = "link_revoked"
     elif code:
         error.code = code
-    if response.status_code == 403:
+    if status == 403:
         error.status = 403
     return error
 

@@ -32,11 +32,15 @@ import httpx
 from tether.domain.records import Link, Send, Task
 from tether.engine.commands import Commands
 from tether.errors import Invalid, TetherError, Unavailable
-from tether.peers.client import RETRY_MAX, Event, PeerClient, error_of
+from tether.peers.client import RETRY_MAX, Event, PeerClient, error_from, error_of
 from tether.types import Caller
 
 log = logging.getLogger(__name__)
 
+#: Tasks per ``POST /api/tasks/batch`` (the peer takes at most 50), and about the most
+#: task text in one (a request may carry 1 MB).
+BATCH = 50
+BATCH_TEXT = 256 * 1024
 KEEPALIVE = 0.25  # seconds between keepalives we ask the peer for; 4 missed: the stream is dead
 SEND_WAIT = 5.0  # how long thread_send waits for the peer before answering "pending"
 
@@ -63,6 +67,8 @@ class Peer:
         self._push = asyncio.Event()
         self._seen = "0"
         self._tasks: list[asyncio.Task[None]] = []
+        #: Whether the peer takes ``POST /api/tasks/batch`` (an older tether answers 404).
+        self._batching = True
 
     def start(self) -> None:
         self._tasks = [
@@ -189,12 +195,20 @@ class Peer:
             except Exception as error:
                 left += 1
                 self._push_failed(send.id, error)
-        for task in pending:
+        creates = [task for task in pending if task.remote_pending == "create"]
+        for batch in _batches(creates):
             try:
-                await (self._create(task) if task.remote_pending == "create" else self._cancel(task))
+                await self._create(batch)
             except Exception as error:
-                left += 1
-                self._push_failed(task.id, error)
+                left += len(batch)
+                self._push_failed(", ".join(task.id for task in batch), error)
+        for task in pending:
+            if task.remote_pending == "cancel":
+                try:
+                    await self._cancel(task)
+                except Exception as error:
+                    left += 1
+                    self._push_failed(task.id, error)
         return left
 
     def _push_failed(self, what: str, error: Exception) -> None:
@@ -205,9 +219,43 @@ class Peer:
         else:
             log.exception("pushing %s to %s failed; retrying", what, self.environment_id)
 
-    async def _create(self, task: Task) -> None:
+    async def _create(self, batch: list[Task]) -> None:
+        """Hand the peer its new tasks: several in one ``POST /api/tasks/batch``, each
+        answered on its own; one at a time to a peer without that endpoint (an older
+        tether) or when a batch is refused whole (then each alone says which one)."""
+        if len(batch) > 1 and self._batching:
+            bodies = [self._body(task) for task in batch]
+            response = await self.http.post("/api/tasks/batch", json={"tasks": bodies})
+            if response.status_code == 200:
+                for task, result in zip(batch, response.json()["results"], strict=True):
+                    await self._created(task, result["status"], result.get("task") or result)
+                return
+            if response.status_code in (404, 405):
+                self._batching = False
+            elif response.status_code == 401 or response.status_code >= 500:
+                raise _failure(response)
+        for task in batch:
+            response = await self.http.post("/api/tasks", json=self._body(task))
+            if response.status_code == 401 or response.status_code >= 500:
+                raise _failure(response)
+            await self._created(task, response.status_code, _answer(response))
+
+    async def _created(self, task: Task, status: int, answer: dict[str, Any]) -> None:
+        """The peer's answer for one task: created, created before (our answer was lost),
+        or refused for good."""
+        if status in (200, 201):
+            self.commands.remote_sent(task.id, answer.get("childThreadId"))
+        elif status == 409:
+            existing = await self.http.get(f"/api/tasks/{task.id}")
+            if existing.status_code != 200:  # not readable yet: retried, never left pending
+                raise httpx.TransportError(f"peer answered {existing.status_code} for task {task.id}")
+            self.commands.remote_sent(task.id, existing.json().get("childThreadId"))
+        else:
+            self.commands.remote_refused(task.id, error_from(status, answer, str(answer)).message)
+
+    def _body(self, task: Task) -> dict[str, Any]:
         request = task.remote_request or {}
-        body = {
+        return {
             "taskId": task.id,
             "task": request.get("task", ""),
             "provider": request.get("provider"),
@@ -221,18 +269,6 @@ class Peer:
                 "taskId": task.id,
             },
         }
-        response = await self.http.post("/api/tasks", json=body)
-        if response.status_code in (200, 201):
-            self.commands.remote_sent(task.id, response.json().get("childThreadId"))
-        elif response.status_code == 409:  # created before; our answer was lost
-            existing = await self.http.get(f"/api/tasks/{task.id}")
-            if existing.status_code != 200:  # not readable yet: retried, never left pending
-                raise httpx.TransportError(f"peer answered {existing.status_code} for task {task.id}")
-            self.commands.remote_sent(task.id, existing.json().get("childThreadId"))
-        elif response.status_code == 401 or response.status_code >= 500:
-            raise error_of(response) if response.status_code == 401 else httpx.TransportError("peer error")
-        else:
-            self.commands.remote_refused(task.id, error_of(response).message)
 
     async def _cancel(self, task: Task) -> None:
         response = await self.http.post(
@@ -312,3 +348,38 @@ class Peer:
     async def thread_list(self, caller: Caller) -> dict[str, Any]:
         found = await self.client.call("GET", "/api/threads")
         return {"environmentId": self.environment_id, "threads": found["threads"]}
+
+
+def _batches(tasks: list[Task]) -> list[list[Task]]:
+    """``tasks`` in order, cut into requests of at most ``BATCH`` tasks and about
+    ``BATCH_TEXT`` of task text (a bigger task goes alone)."""
+    batches: list[list[Task]] = []
+    size = 0
+    for task in tasks:
+        text = len((task.remote_request or {}).get("task", ""))
+        if not batches or len(batches[-1]) == BATCH or size + text > BATCH_TEXT:
+            batches.append([])
+            size = 0
+        batches[-1].append(task)
+        size += text
+    return batches
+
+
+def _answer(response: httpx.Response) -> dict[str, Any]:
+    """The JSON object of an answer; for a refusal that is not JSON, its text as the error.
+    A success that cannot be read raises (it is asked again, never taken as done)."""
+    try:
+        body = response.json()
+    except ValueError:
+        if response.is_success:
+            raise
+        return {"error": {"code": None, "message": response.text[:200]}}
+    return body if isinstance(body, dict) else {}
+
+
+def _failure(response: httpx.Response) -> Exception:
+    """An answer that says "try again": our token refused (shown as the link's state) or
+    the peer failing."""
+    if response.status_code == 401:
+        return error_of(response)
+    return httpx.TransportError(f"peer answered {response.status_code}")

@@ -41,6 +41,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError, create_model
 
+from tether import lazy
 from tether.engine.processes import ProcessBackend
 from tether.errors import TetherError
 from tether.providers.base import Turn
@@ -155,9 +156,8 @@ class OpenAIProvider:
 
     def client(self) -> Any:
         if self._client is None:
-            from openai import AsyncOpenAI  # imported on first use: it is slow to import
-
-            self._client = AsyncOpenAI(
+            # Imported on first use (it is slow to import), in turn with other late imports.
+            self._client = lazy.load("openai").AsyncOpenAI(
                 base_url=self.config["base_url"],
                 api_key=os.environ[self._key_env] if self._key_env else "none",
                 timeout=float(self.config.get("timeout", 600)),

@@ -14,7 +14,6 @@ identities do not.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Container
@@ -24,6 +23,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tether import lazy
 from tether.api.errors import error_response
 from tether.environment import Environment
 from tether.errors import Unauthorized
@@ -245,7 +245,7 @@ def _noting_session(send: Send, owned: set[str], noted: Callable[[], None]) -> S
 
 
 def _import_sdk() -> ModuleType:
-    return importlib.import_module("tether.tools._mcp_sdk")
+    return lazy.load("tether.tools._mcp_sdk")
 
 
 #: The SDK's app and the ids of its live sessions.

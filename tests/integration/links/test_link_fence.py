@@ -298,3 +298,39 @@ def test_a_task_open_when_its_token_is_revoked_does_not_wait_forever(
     # the parent must be told something: FINAL, or that its task ended
     tasks, _ = await_delivered(alpha, parent_id, 1, timeout=8)
     assert tasks[0]["status"] != "running"
+
+
+def test_a_batch_of_tasks_is_answered_task_by_task(world: dict[str, Any]) -> None:
+    """``POST /api/tasks/batch`` (how an origin pushes many new tasks at once) holds the
+    same fence as ``POST /api/tasks``, task by task: new ones are created (asked again,
+    answered as the first time), one of another token's is forbidden, one naming
+    this environment as its origin is forbidden — and a refused one takes nothing from
+    the others."""
+    beta, ids = world["beta"], world["ids"]
+    origin = {"environmentId": ids["alpha"], "threadId": "thr_batchparent"}
+    new = ["tsk_batch0", "tsk_batch1"]
+    tasks = [{"taskId": i, "task": json.dumps(REPLY), "origin": {**origin, "taskId": i}} for i in new]
+    others = [
+        {"taskId": world["t1Task"], "task": "x", "origin": origin},
+        {"taskId": "tsk_batchself", "task": "x",
+         "origin": {"environmentId": ids["beta"], "threadId": "thr_x"}},
+    ]
+    with _as(beta, world["t2"]["token"]) as t2:
+        answered = t2.post("/api/tasks/batch", json={"tasks": [tasks[0], *others, tasks[1]]})
+        assert answered.status_code == 200, answered.text
+        results = answered.json()["results"]
+        assert [(r["taskId"], r["status"]) for r in results] == [
+            (new[0], 201), (world["t1Task"], 403), ("tsk_batchself", 403), (new[1], 201)]
+        children = [results[0]["task"]["childThreadId"], results[3]["task"]["childThreadId"]]
+        for child in children:
+            assert wait_settled(beta, child)["settled"]
+        again = t2.post("/api/tasks/batch", json={"tasks": tasks}).json()["results"]
+        assert [r["task"]["childThreadId"] for r in again] == children  # asked again: the first (G9)
+        assert t2.get("/api/tasks/tsk_batchself").status_code == 404
+        too_many = t2.post("/api/tasks/batch", json={"tasks": [tasks[0]] * 51})
+        assert too_many.status_code == 422
+    with beta.client() as admin:  # only a link token hands tasks over
+        refused = admin.post("/api/tasks/batch", json={"tasks": [{**tasks[0], "taskId": "tsk_batchadmin"}]})
+        assert [r["status"] for r in refused.json()["results"]] == [403]
+        assert admin.get("/api/tasks/tsk_batchadmin").status_code == 404
+        assert {admin.get(f"/api/tasks/{i}").json()["status"] for i in new} == {"completed"}

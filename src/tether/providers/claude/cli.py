@@ -11,13 +11,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from tether import lazy
+
 
 @functools.cache
 def load_sdk() -> Any:
-    """``claude_agent_sdk``, imported once, when first needed."""
-    import claude_agent_sdk
-
-    return claude_agent_sdk
+    """``claude_agent_sdk``, imported once, when first needed (it imports the ``mcp`` SDK,
+    which the server may be loading on a worker thread just then: see ``tether.lazy``)."""
+    return lazy.load("claude_agent_sdk")
 
 
 #: The executable tether gives the SDK: it starts Claude Code in a session (process group)
