@@ -141,6 +141,7 @@ class A2APeer(Peer):
 
     def __init__(self, origin: Origin, link: Link) -> None:
         super().__init__(origin, link)
+        self._batching = False  # one SendMessage per task
         self._clients: tuple[Client, Client] | None = None
         self._stream_http = _http(link.token or None, STREAM_READ_TIMEOUT)
         #: context id → when it was read last (loop clock); the contexts being followed.

@@ -67,7 +67,8 @@ class Peer:
         self._push = asyncio.Event()
         self._seen = "0"
         self._tasks: list[asyncio.Task[None]] = []
-        #: Whether the peer takes ``POST /api/tasks/batch`` (an older tether answers 404).
+        #: Whether the peer takes ``POST /api/tasks/batch`` (an older tether answers 404;
+        #: an A2A agent is asked one task at a time).
         self._batching = True
 
     def start(self) -> None:
@@ -198,7 +199,7 @@ class Peer:
         creates = [task for task in pending if task.remote_pending == "create"]
         for batch in _batches(creates):
             try:
-                await self._create(batch)
+                await self._create_all(batch)
             except Exception as error:
                 left += len(batch)
                 self._push_failed(", ".join(task.id for task in batch), error)
@@ -219,10 +220,10 @@ class Peer:
         else:
             log.exception("pushing %s to %s failed; retrying", what, self.environment_id)
 
-    async def _create(self, batch: list[Task]) -> None:
+    async def _create_all(self, batch: list[Task]) -> None:
         """Hand the peer its new tasks: several in one ``POST /api/tasks/batch``, each
-        answered on its own; one at a time to a peer without that endpoint (an older
-        tether) or when a batch is refused whole (then each alone says which one)."""
+        answered on its own; one at a time (``_create``) to a peer without that endpoint
+        (an older tether) or when a batch is refused whole (then each alone says which)."""
         if len(batch) > 1 and self._batching:
             bodies = [self._body(task) for task in batch]
             response = await self.http.post("/api/tasks/batch", json={"tasks": bodies})
@@ -235,10 +236,13 @@ class Peer:
             elif response.status_code == 401 or response.status_code >= 500:
                 raise _failure(response)
         for task in batch:
-            response = await self.http.post("/api/tasks", json=self._body(task))
-            if response.status_code == 401 or response.status_code >= 500:
-                raise _failure(response)
-            await self._created(task, response.status_code, _answer(response))
+            await self._create(task)
+
+    async def _create(self, task: Task) -> None:
+        response = await self.http.post("/api/tasks", json=self._body(task))
+        if response.status_code == 401 or response.status_code >= 500:
+            raise _failure(response)
+        await self._created(task, response.status_code, _answer(response))
 
     async def _created(self, task: Task, status: int, answer: dict[str, Any]) -> None:
         """The peer's answer for one task: created, created before (our answer was lost),
