@@ -7,7 +7,6 @@ events of what it created (G10), and reading from a cursor acknowledges everythi
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -15,6 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
 from tether.api.auth import caller, environment_dependency
+from tether.codec import dumps
 from tether.environment import Environment
 from tether.errors import Invalid
 from tether.store.base import Event
@@ -42,9 +42,9 @@ def event_json(event: Event, environment_id: str) -> dict[str, Any]:
 
 def _frame(event: Event, environment_id: str) -> str:
     """``event_json`` as an SSE frame, with the data spliced in as stored: a busy feed spent
-    a tenth of its time decoding and encoding again what it only passes on. (Stored JSON
-    is ASCII-escaped, so it holds no newline that would break the frame.)"""
-    data = f"{json.dumps(_envelope(event, environment_id))[:-1]}, \"data\": {event.text}}}"
+    a tenth of its time decoding and encoding again what it only passes on. (Encoded JSON
+    is one line — see ``tether.codec`` — so it cannot break the frame.)"""
+    data = f"{dumps(_envelope(event, environment_id))[:-1]},\"data\":{event.text}}}"
     return f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
 
 
