@@ -109,8 +109,16 @@ def _script(rules: list[dict[str, Any]]) -> str:
     return json.dumps({"tether_script": 1, "rules": rules})
 
 
+def _up(server: Server) -> Server:
+    """Started, and done starting: the MCP SDK, which loads after the server answers, is
+    in, so that its import does not eat into what is measured next."""
+    server.start()
+    _await_mcp(server)
+    return server
+
+
 def _start_pair(root: Path) -> tuple[Server, Server]:
-    origin, peer = Server(root / "origin", "origin").start(), Server(root / "peer", "peer").start()
+    origin, peer = _up(Server(root / "origin", "origin")), _up(Server(root / "peer", "peer"))
     with peer.client() as client:
         token = client.post("/api/link-tokens", json={"label": "bench"}).json()["token"]
     with origin.client() as client:
@@ -334,7 +342,7 @@ def _store_run(root: Path, count: int, url: str | None, cluster: Any, n: int) ->
     """The fan-out on ``count`` processes (on ``url``, else SQLite), with the CPU seconds of
     the tether processes and of PostgreSQL, and (PostgreSQL) the write lock's samples."""
     env = {"TETHER_STORE": url} if url else {}
-    servers = [Server(root / f"p{i}", f"p{i}", env=env).start() for i in range(count)]
+    servers = [_up(Server(root / f"p{i}", f"p{i}", env=env)) for i in range(count)]
     try:
         tether_cpu = sum(_stats(s)["cpuSeconds"] for s in servers)
         pg_cpu = _postgres_cpu(cluster) if url else 0.0
@@ -434,8 +442,7 @@ def bench_restart_and_memory(root: Path, sizes: list[int]) -> dict[str, Any]:
         mcp_ready = time.perf_counter() - start
         rss = _rss_kib(server.process.pid) if server.process else 0
         server.stop()
-        empty = Server(root / f"empty-{n}", f"e{n}").start()
-        _await_mcp(empty)
+        empty = _up(Server(root / f"empty-{n}", f"e{n}"))
         base = _rss_kib(empty.process.pid) if empty.process else 0
         empty.stop()
         out[str(n)] = {
