@@ -18,6 +18,7 @@ from tether_world import World
 from tether.domain.records import Link, Run, Task, Thread
 from tether.domain.types import Delivery, RunStatus, TaskStatus
 from tether.domain.views import task_view
+from tether.engine.units import FLUSH_DELAY
 from tether.errors import NotFound
 from tether.peers.client import sse_events
 from tether.types import ADMIN
@@ -52,13 +53,22 @@ async def test_a_turns_writes_join_the_next_command(quiet: World) -> None:
     assert quiet.run(run_id).status == RunStatus.COMPLETED
 
 
-async def test_deferred_writes_commit_on_the_loops_next_turn(quiet: World) -> None:
+async def test_deferred_writes_nothing_carried_commit_together_soon_after(quiet: World) -> None:
+    """Not on the loop's next turn (a command may yet come and carry them), but
+    ``FLUSH_DELAY`` later, in one transaction."""
     thread_id, _ = quiet.parent()
     caller = quiet.as_thread(thread_id)
     before = quiet.store.commits
+    committed = asyncio.Event()
+    quiet.on_commit = committed.set
+    loop = asyncio.get_running_loop()
+    start = loop.time()
     quiet.commands.say(caller, "a")
     quiet.commands.say(caller, "b")
     await asyncio.sleep(0)
+    assert quiet.store.commits == before
+    await asyncio.wait_for(committed.wait(), 5)
+    assert loop.time() - start >= FLUSH_DELAY - 0.001
     assert quiet.store.commits == before + 1
     assert _said(quiet, thread_id) == ["a", "b"]
 
@@ -172,8 +182,10 @@ async def test_a_pid_rides_on_the_next_command_and_a_late_one_is_killed(quiet: W
     assert quiet.store.commits == before
     quiet.commands.stop_item(ADMIN, late, "stopped")
     assert (quiet.item(first).pid, quiet.item(first).pid_start) == (4242, "77")
+    committed = asyncio.Event()
+    quiet.on_commit = committed.set
     quiet.commands.process_spawned(late, 4343, None)  # spawned after the item was stopped
-    await asyncio.sleep(0)
+    await asyncio.wait_for(committed.wait(), 5)  # nothing carried it: committed on its own
     assert quiet.item(late).pid == 4343
     with quiet.store.read() as reader:
         kills = [row.payload for row in reader.outbox() if row.kind == "process.kill"]

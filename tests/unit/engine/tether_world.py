@@ -9,6 +9,7 @@ invariants (G2): a reader must never see a thread whose ``settled`` flag disagre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,8 @@ class World:
         self.store: Store = SQLiteStore(path)
         self.violations: list[str] = []
         self.commits = 0
+        #: Called after each commit (a test awaits one with it).
+        self.on_commit: Callable[[], object] | None = None
         self.check_every_commit = check_every_commit
         self.commands = Commands(self.store, ENV, frozenset({"script"}), self._committed)
         self.queries = Queries(self.commands)
@@ -70,6 +73,8 @@ class World:
 
     def _committed(self, touched: set[str]) -> None:
         self.commits += 1
+        if self.on_commit is not None:
+            self.on_commit()
         if self.check_every_commit:
             with self.store.transaction() as tx:
                 self.violations.extend(commit_violations(tx))
