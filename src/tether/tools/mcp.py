@@ -277,6 +277,8 @@ class Sdk:
         """The SDK's app and the ids of its live sessions, once they are there."""
         if self._built is None:
             raise RuntimeError("the server is not running (its lifespan has not started)")
+        if self._built.done():
+            return self._built.result()  # every request after start-up: no wait to set up
         return await asyncio.shield(self._built)  # a caller that gives up cancels only its wait
 
     @asynccontextmanager

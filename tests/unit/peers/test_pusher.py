@@ -5,9 +5,10 @@ created after it would stay ``pending`` for good (#9)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -45,14 +46,25 @@ async def origin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Environment, FlakyPeer]]:
     peer = FlakyPeer(garbled=2)
+    async with linked_origin(tmp_path, monkeypatch, peer) as env:
+        yield env, peer
+
+
+@contextlib.asynccontextmanager
+async def linked_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, peer: Callable[[httpx.Request], httpx.Response]
+) -> AsyncIterator[Environment]:
+    """A started environment linked to ``peer``, which answers over an in-memory transport."""
     in_memory = functools.partial(httpx.AsyncClient, transport=httpx.MockTransport(peer))
     monkeypatch.setattr(httpx, "AsyncClient", in_memory)
     env = Environment(tmp_path / "origin", name="origin")
     with env.store.transaction() as tx:
         tx.put(Link(PEER, "peer", "http://127.0.0.1:9", "secret", "2026-01-01T00:00:00Z"))
     await env.start()
-    yield env, peer
-    await env.close()
+    try:
+        yield env
+    finally:
+        await env.close()
 
 
 async def test_a_garbled_answer_is_retried_and_the_task_still_reaches_the_peer(
@@ -121,13 +133,7 @@ async def test_new_tasks_go_in_one_batch_and_each_answer_counts(
     without the batch endpoint, remembered after its first 405): created ones are sent,
     the existing one is read back, the refused one fails — none is left pending."""
     peer = BatchPeer(batching)
-    in_memory = functools.partial(httpx.AsyncClient, transport=httpx.MockTransport(peer))
-    monkeypatch.setattr(httpx, "AsyncClient", in_memory)
-    env = Environment(tmp_path / "origin", name="origin")
-    with env.store.transaction() as tx:
-        tx.put(Link(PEER, "peer", "http://127.0.0.1:9", "secret", "2026-01-01T00:00:00Z"))
-    await env.start()
-    try:
+    async with linked_origin(tmp_path, monkeypatch, peer) as env:
         thread = env.commands.create_thread(ADMIN, "script", "parent")
         caller = Caller("thread", thread_id=thread["threadId"])
         link = env.peers.resolve(PEER)
@@ -146,5 +152,3 @@ async def test_new_tasks_go_in_one_batch_and_each_answer_counts(
         refused = found[ids[2]]
         assert refused.status == "failed" and "not for you" in (refused.result or {}).get("error", "")
         assert [found[i].child_thread_id for i in ids[3:]] == ["thr_3", "thr_4"]
-    finally:
-        await env.close()
