@@ -379,7 +379,7 @@ class Runtime:
             return  # spawned before a crash; recovery already adopted or reported it
         pid, started = self.processes.spawn(item)
         if self.commands.process_spawned(item.id, pid, started, self.member):
-            item.pid = pid
+            item.pid, item.pid_start = pid, started  # the watcher need not look it up again
             self.processes.watch(item, pid)
         else:
             self.processes.kill(item.id, pid, "cancelled")

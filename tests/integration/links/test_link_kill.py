@@ -114,7 +114,8 @@ def test_destination_killed_while_command_runs_is_adopted(
     if ends == "while the destination is down":
         gate.touch()
         # tether is down, so nothing announces it: poll for the wrapper's exit record
-        poll((peer.data / "proc" / item_id / "exit").exists, 20, "the wrapper to record the exit")
+        exit_file = peer.data / "proc" / item_id / "exit"
+        poll(lambda: exit_file.exists() and exit_file.read_text().strip(), 20, "the wrapper's exit status")
     peer.start()
     if ends == "after the restart":
         assert _command(thread(peer, child_id))["status"] == "running"  # adopted, not lost

@@ -189,8 +189,8 @@ async def test_timeout_kills_and_says_so(manager: tuple[ProcessManager, Reports]
 
 
 async def test_exit_status_is_recorded_durably(manager: tuple[ProcessManager, Reports]) -> None:
-    """In the item's ``exit`` file, whole (written atomically), also for a signal's end;
-    the wrapper's pid is recorded as soon as it started."""
+    """In the item's ``exit`` file, also for a signal's end, and nothing beside it; the
+    wrapper's pid is recorded as soon as it started."""
     processes, reports = manager
     command = item(ItemKind.COMMAND, "kill -9 $$")
     pid, _ = processes.spawn(command)
@@ -229,6 +229,19 @@ def test_a_pid_file_emptied_by_a_machine_crash_reads_as_lost(manager: tuple[Proc
     processes.dir(command.id).mkdir(parents=True)
     (processes.dir(command.id) / "pid").write_text("")
     assert processes.spawned_before(command.id)
+    assert processes.fate(command) == ("lost", None)
+
+
+def test_an_exit_file_left_empty_reads_as_lost(manager: tuple[ProcessManager, Reports]) -> None:
+    """The wrapper writes its exit status in place, not renamed into it: killed between
+    opening the file and writing it, it leaves an empty one. Its status is then unknown: the
+    command reads as lost, never as an exit with some code."""
+    processes, _ = manager
+    command = item(ItemKind.COMMAND, "")
+    processes.dir(command.id).mkdir(parents=True)
+    (processes.dir(command.id) / "pid").write_text("999999999\n")  # no such process
+    (processes.dir(command.id) / "exit").write_text("")
+    assert processes.exit_code(command.id) is None
     assert processes.fate(command) == ("lost", None)
 
 

@@ -29,7 +29,6 @@ from typing import Any
 
 from tether.domain.records import Item
 from tether.domain.types import ItemKind
-from tether.engine.processes.wrapper import write_atomic
 from tether.ids import parse_time
 
 log = logging.getLogger(__name__)
@@ -189,11 +188,13 @@ class ProcessManager:
         directory = self.dir(item.id)
         directory.mkdir(parents=True, exist_ok=True)
         pid = self.backend.spawn(directory, item.command or "", self.workspace)
-        # Recorded at once, whole: a restart that finds it knows the command was started.
-        # Not synced (that was a disk flush per command on the loop): it only has to outlive
-        # this process, and after a crash of the machine the command is gone anyway — a pid
-        # file lost or left empty then reads as "lost", which is what happened.
-        write_atomic(str(directory / "pid"), str(pid), durable=False)
+        # Recorded at once: a restart that finds it knows the command was started. One
+        # write, neither synced nor renamed into place (each was a disk operation per command
+        # on the loop): its only reader is a later start, once this process is gone, and a
+        # file left empty by a crash in between — of tether or of the machine, which takes
+        # the command too — reads as "lost", which is what happened.
+        with open(directory / "pid", "w") as handle:
+            handle.write(f"{pid}\n")
         return pid, self.backend.identity(pid)
 
     def fate(self, item: Item) -> tuple[str, int | None]:

@@ -16,7 +16,13 @@ from pathlib import Path
 
 from tether.engine.processes.base import DEVNULL, ProcessBackend
 
-_WRAPPER = 'sh -c "$1" > "$2/out" 2>&1 < /dev/null; echo $? > "$2/exit.tmp"; mv "$2/exit.tmp" "$2/exit"'
+#: The exit status goes straight into ``exit``: no temporary file and ``mv`` — an exec of
+#: coreutils that was half of a short command's whole cost (2 of 4 ms of CPU for ``true``).
+#: It need not be atomic, since nothing reads it while the wrapper lives: tether reads it
+#: once the wrapper has ended (its pidfd, or a restart that finds it gone), and ``echo``
+#: writes it in one ``write``. A wrapper killed before that leaves no file, or an empty
+#: one: the command's status is unknown, and its item ends ``lost``.
+_WRAPPER = 'sh -c "$1" > "$2/out" 2>&1 < /dev/null; echo $? > "$2/exit"'
 
 
 def pidfd_works() -> bool:

@@ -15,15 +15,14 @@ import subprocess
 import sys
 
 
-def write_atomic(path: str, text: str, durable: bool = True) -> None:
+def write_atomic(path: str, text: str) -> None:
     """Write ``text`` so a reader sees the whole file or none, even across a crash of the
-    writer; ``durable`` also syncs it to disk, so that it survives the machine's."""
+    writer, and sync it to disk, so that it survives the machine's."""
     partial = path + ".tmp"
     with open(partial, "w") as handle:
         handle.write(text + "\n")
-        if durable:
-            handle.flush()
-            os.fsync(handle.fileno())
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(partial, path)
 
 
