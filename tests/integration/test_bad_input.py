@@ -354,6 +354,41 @@ def test_bad_event_cursor(module_server: Server, cursor: str) -> None:
     error_of(answer, 400, 422)
 
 
+_BAD_TYPES = ["", "Task.", "task..x", ".task", "task.;x", "t" * 65, ",".join(["task."] * 17)]
+
+
+@pytest.mark.parametrize("types", _BAD_TYPES)
+def test_bad_event_types(module_server: Server, types: str) -> None:
+    answer = httpx.get(
+        f"{module_server.url}/api/events",
+        params={"types": types},
+        headers={"Authorization": f"Bearer {module_server.token}"},
+        timeout=10,
+    )
+    assert "types" in error_of(answer, 422)["message"]
+
+
+def test_the_feed_sends_only_the_types_asked_for(module_server: Server, victim: dict[str, str]) -> None:
+    """``?types=``: events of those types (an entry ending in '.' is a prefix), up to the
+    newest, and nothing else; a follower of a link reads only ``task.`` events."""
+    seen: list[str] = []
+    with httpx.stream(
+        "GET",
+        f"{module_server.url}/api/events",
+        params={"after": "0", "types": "task.,thread.created", "keepalive": "0.2"},
+        headers={"Authorization": f"Bearer {module_server.token}"},
+        timeout=10,
+    ) as answer:
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            if line.startswith("event:"):
+                seen.append(line[6:].strip())
+            elif line == ": keepalive":  # caught up with the newest event
+                break
+    assert "thread.created" in seen and "task.created" in seen and "task.updated" in seen
+    assert all(kind.startswith("task.") or kind == "thread.created" for kind in seen), seen
+
+
 def test_event_cursor_out_of_range(module_server: Server) -> None:
     with httpx.stream(
         "GET",

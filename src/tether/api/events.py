@@ -1,12 +1,15 @@
 """``/api/events``: every state change, in store order, as Server-Sent Events.
 
 Resumable: ``Last-Event-ID`` or ``?after=ID`` continues after that event; no cursor starts
-at the oldest stored event; ``?after=now`` gives only new ones. A link token sees only the
+at the oldest stored event; ``?after=now`` gives only new ones. ``?types=task.,link.added``
+sends only events of those types (an entry ending in ``.`` is a prefix): a link's follower
+reads only ``task.`` events, a quarter of a remote child's. A link token sees only the
 events of what it created (G10), and reading from a cursor acknowledges everything up to it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -22,6 +25,9 @@ from tether.types import Caller
 
 router = APIRouter(tags=["events"])
 _KEEPALIVE = 15.0
+#: One entry of ``?types=``: an event type (``task.updated``) or a prefix (``task.``).
+_TYPE = re.compile(r"[a-z][a-z_]*(\.[a-z_]+)*\.?")
+_MAX_TYPES = 16
 
 
 def _envelope(event: Event, environment_id: str) -> dict[str, Any]:
@@ -62,6 +68,18 @@ def _cursor(env: Environment, after: str | None, last_event_id: str | None) -> i
     return int(raw)
 
 
+def _types(raw: str | None) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    types = tuple(raw.split(","))
+    if len(types) > _MAX_TYPES:
+        raise Invalid(f"types takes at most {_MAX_TYPES} entries, not {len(types)}")
+    for kind in types:
+        if len(kind) > 64 or not _TYPE.fullmatch(kind):
+            raise Invalid(f"types: {kind[:64]!r} is not an event type or a prefix ending in '.'")
+    return types
+
+
 @router.get("/api/events")
 async def events(
     request: Request,
@@ -69,7 +87,11 @@ async def events(
     env: Annotated[Environment, Depends(environment_dependency)],
     after: str | None = None,
     keepalive: Annotated[float, Query(ge=0.1, le=60)] = _KEEPALIVE,
+    types: Annotated[
+        str | None, Query(description="Comma-separated event types; an entry ending in '.' is a prefix")
+    ] = None,
 ) -> StreamingResponse:
+    kinds = _types(types)
     cursor = _cursor(env, after, request.headers.get("last-event-id"))
     token = who.token_id if who.kind == "link" else None
     if token is not None and cursor:
@@ -86,7 +108,7 @@ async def events(
             if token is not None and who.kind == "link" and not env.tokens.active(token):
                 return  # revoked: the stream ends now, and the reconnect gets 401
             top = env.store.last_event_seq()
-            batch = env.store.events_after(cursor, 500, token)
+            batch = env.store.events_after(cursor, 500, token, kinds)
             if batch:
                 # One write for the batch: a follower receives what one commit wrote in
                 # one chunk, and applies it in one transaction.

@@ -113,12 +113,16 @@ class PeerClient:
             await asyncio.sleep(delay)
             delay = min(RETRY_MAX, delay * 2)
 
-    async def feed(self, after: str, keepalive: float, timeout: float) -> AsyncIterator[list[Event]]:
+    async def feed(
+        self, after: str, keepalive: float, timeout: float, types: str | None = None
+    ) -> AsyncIterator[list[Event]]:
         """The peer's event feed from ``after``: first an empty list once connected, then
         each received chunk's complete events (empty for a chunk that only kept the stream
-        alive). ``timeout`` bounds the silence between chunks: a dead stream raises instead
-        of hanging. A refusal raises the peer's error; the peer closing it, ``StreamError``."""
-        params = {"after": after, "keepalive": str(keepalive)}
+        alive). ``types`` asks for only those (``?types=``; a peer that predates it sends
+        every event). ``timeout`` bounds the silence between chunks: a dead stream raises
+        instead of hanging. A refusal raises the peer's error; the peer closing it,
+        ``StreamError``."""
+        params = {"after": after, "keepalive": str(keepalive)} | ({"types": types} if types else {})
         async with self.http.stream(
             "GET", "/api/events", params=params, timeout=httpx.Timeout(timeout, connect=1.0)
         ) as response:

@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 BATCH = 50
 BATCH_TEXT = 256 * 1024
 KEEPALIVE = 0.25  # seconds between keepalives we ask the peer for; 4 missed: the stream is dead
+#: The only events a follower applies (``_apply``): the feed is asked for these alone.
+_FOLLOWED = "task."
 SEND_WAIT = 5.0  # how long thread_send waits for the peer before answering "pending"
 
 
@@ -138,7 +140,8 @@ class Peer:
 
     async def _stream(self) -> None:
         connected = False
-        async with contextlib.aclosing(self.client.feed(self._seen, KEEPALIVE, KEEPALIVE * 4)) as feed:
+        feed_of_tasks = self.client.feed(self._seen, KEEPALIVE, KEEPALIVE * 4, types=_FOLLOWED)
+        async with contextlib.aclosing(feed_of_tasks) as feed:
             async for events in feed:
                 if not connected:
                     connected = True
@@ -149,11 +152,12 @@ class Peer:
                     self._seen = str(events[-1][0])
 
     def _apply(self, events: list[Event]) -> None:
-        """The task events of one received chunk, in one transaction with the cursor."""
+        """The task events of one received chunk, in one transaction with the cursor (the
+        feed sends only those, unless the peer predates ``?types=``)."""
         news = [
             (seq, event["data"])
             for seq, event in events
-            if event["type"].startswith("task.") and isinstance(event.get("data"), dict)
+            if event["type"].startswith(_FOLLOWED) and isinstance(event.get("data"), dict)
         ]
         if news:
             self.commands.apply_remote_chunk(self.environment_id, news)

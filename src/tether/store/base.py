@@ -25,7 +25,7 @@ entirely or not at all (G2).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cached_property
@@ -225,8 +225,11 @@ class Store(ABC):
         """A read-only snapshot: no write lock, sees only whole commands."""
 
     @abstractmethod
-    def events_after(self, seq: int, limit: int = 500, token_id: str | None = None) -> list[Event]:
-        """Stored events after ``seq`` in store order (only the fence's, given a token)."""
+    def events_after(
+        self, seq: int, limit: int = 500, token_id: str | None = None, types: Sequence[str] = ()
+    ) -> list[Event]:
+        """Stored events after ``seq`` in store order: only the fence's, given a token, and
+        only of ``types``, if given (an entry ending in ``.`` is a prefix: ``task.``)."""
 
     @abstractmethod
     def last_event_seq(self) -> int: ...
@@ -242,3 +245,20 @@ class Store(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+def events_where(seq: int, token_id: str | None, types: Sequence[str], mark: str) -> tuple[str, list[Any]]:
+    """The WHERE clause of ``events_after`` and its arguments, with the backend's
+    placeholder ``mark`` (``?``, ``%s``): one definition of which events a feed reads."""
+    clauses, args = [f"seq > {mark}"], [seq]
+    if token_id is not None:
+        clauses.append(f"token_id = {mark}")
+        args.append(token_id)
+    if types:
+        either = [
+            f"substr(type, 1, {len(kind)}) = {mark}" if kind.endswith(".") else f"type = {mark}"
+            for kind in types
+        ]
+        clauses.append(f"({' OR '.join(either)})")
+        args.extend(types)
+    return " WHERE " + " AND ".join(clauses), args

@@ -362,6 +362,24 @@ class StoreContract:
         assert store.events_after(seqs[-1]) == []
         assert len(store.events_after(0, limit=3)) == 3
 
+    def test_events_after_of_some_types_and_prefixes(self, store: Store) -> None:
+        with store.transaction() as tx:
+            created = tx.append_event("task.created", {}, token_id="tok_a")
+            tx.append_event("run.started", {}, token_id="tok_a")
+            tx.append_event("task", {}, token_id="tok_a")  # no prefix match without the dot
+            updated = tx.append_event("task.updated", {}, token_id="tok_a")
+            tx.append_event("task.updated", {}, token_id="tok_b")
+            added = tx.append_event("link.added", {})
+            tx.append_event("link.status", {})
+        assert [e.seq for e in store.events_after(0, types=["task."])] == [created, updated, updated + 1]
+        assert [e.seq for e in store.events_after(0, token_id="tok_a", types=["task."])] == [created, updated]
+        assert [e.seq for e in store.events_after(created, types=["task.", "link.added"])] == [
+            updated, updated + 1, added,
+        ]
+        assert [e.seq for e in store.events_after(0, limit=1, types=["link.added"])] == [added]
+        assert store.events_after(0, types=["thread."]) == []
+        assert len(store.events_after(0, types=[])) == 7, "no types: every event"
+
     def test_events_after_with_a_token_shows_only_that_fence(self, store: Store) -> None:
         with store.transaction() as tx:
             a1 = tx.append_event("x", {}, token_id="tok_a")

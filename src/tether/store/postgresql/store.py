@@ -27,7 +27,7 @@ Reads are ``REPEATABLE READ READ ONLY`` snapshots: no lock, whole commands only.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -41,7 +41,18 @@ except ImportError as missing:  # pragma: no cover - depends on the installed ex
 from tether.codec import dumps, loads
 from tether.domain.records import Record
 from tether.ids import now
-from tether.store.base import TABLES, Event, ForeignThread, OutboxRow, R, Reader, Store, Table, Transaction
+from tether.store.base import (
+    TABLES,
+    Event,
+    ForeignThread,
+    OutboxRow,
+    R,
+    Reader,
+    Store,
+    Table,
+    Transaction,
+    events_where,
+)
 from tether.store.postgresql.schema import MIGRATIONS
 
 #: The advisory lock every write transaction holds (one per database: its own writer).
@@ -320,16 +331,14 @@ class PostgreSQLStore(Store):
         with self._begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"):
             yield _PGReader(self._conn)
 
-    def events_after(self, seq: int, limit: int = 500, token_id: str | None = None) -> list[Event]:
+    def events_after(
+        self, seq: int, limit: int = 500, token_id: str | None = None, types: Sequence[str] = ()
+    ) -> list[Event]:
         self._own()
-        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE seq > %s"
-        args: list[Any] = [seq]
-        if token_id is not None:
-            sql += " AND token_id = %s"
-            args.append(token_id)
-        sql += " ORDER BY seq LIMIT %s"
-        args.append(limit)
-        return [_event(row) for row in self._conn.execute(sql, args)]
+        where, args = events_where(seq, token_id, types, "%s")
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events{where} ORDER BY seq LIMIT %s"
+        rows = self._conn.execute(sql, (*args, limit))
+        return [_event(row) for row in rows]
 
     def last_event_seq(self) -> int:
         self._own()

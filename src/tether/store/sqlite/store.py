@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,18 @@ from typing import Any
 from tether.codec import dumps, loads
 from tether.domain.records import Record
 from tether.ids import now
-from tether.store.base import TABLES, Event, ForeignThread, OutboxRow, R, Reader, Store, Table, Transaction
+from tether.store.base import (
+    TABLES,
+    Event,
+    ForeignThread,
+    OutboxRow,
+    R,
+    Reader,
+    Store,
+    Table,
+    Transaction,
+    events_where,
+)
 from tether.store.sqlite.checkpoint import BACKSTOP, Checkpointer
 from tether.store.sqlite.schema import MIGRATIONS
 
@@ -243,16 +254,14 @@ class SQLiteStore(Store):
         with self._begin("BEGIN"):
             yield _SQLiteReader(self._conn)
 
-    def events_after(self, seq: int, limit: int = 500, token_id: str | None = None) -> list[Event]:
+    def events_after(
+        self, seq: int, limit: int = 500, token_id: str | None = None, types: Sequence[str] = ()
+    ) -> list[Event]:
         self._own()
-        sql = "SELECT seq, type, at, thread_id, run_id, task_id, token_id, data FROM events WHERE seq > ?"
-        args: list[Any] = [seq]
-        if token_id is not None:
-            sql += " AND token_id = ?"
-            args.append(token_id)
-        sql += " ORDER BY seq LIMIT ?"
-        args.append(limit)
-        return [_event(row) for row in self._conn.execute(sql, args)]
+        where, args = events_where(seq, token_id, types, "?")
+        sql = f"SELECT seq, type, at, thread_id, run_id, task_id, token_id, data FROM events{where}"
+        rows = self._conn.execute(sql + " ORDER BY seq LIMIT ?", (*args, limit))
+        return [_event(row) for row in rows]
 
     def last_event_seq(self) -> int:
         self._own()
