@@ -6,7 +6,8 @@ runs, so transactions never interleave inside this process. A command's transact
 ``BEGIN IMMEDIATE``, which takes the write lock up front and keeps a second process (a CLI
 tool, say) from deadlocking against us; a read is a plain ``BEGIN`` (a WAL snapshot that
 takes no write lock). Checkpoints of the WAL run on a thread of their own, which touches
-no record (``checkpoint.py``).
+no record (``checkpoint.py``). A record read by its key comes from the records as last
+committed, when this connection has it (``committed.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tether.store.base import (
     events_where,
 )
 from tether.store.sqlite.checkpoint import BACKSTOP, Checkpointer
+from tether.store.sqlite.committed import Committed
 from tether.store.sqlite.schema import MIGRATIONS
 
 _OUTBOX_COLUMNS = "id, kind, payload, thread_id, attempts, last_error, parked"
@@ -44,8 +46,9 @@ def _outbox_row(row: tuple[Any, ...]) -> OutboxRow:
 
 
 class _SQLiteReader(Reader):
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, committed: Committed) -> None:
         self._conn = conn
+        self._committed = committed
 
     def _where(self, table: Table, where: dict[str, Any]) -> tuple[str, list[Any]]:
         clauses, args = [], []
@@ -65,8 +68,18 @@ class _SQLiteReader(Reader):
 
     def get(self, cls: type[R], key: str) -> R | None:
         table = TABLES[cls]
-        row = self._conn.execute(f"SELECT data FROM {table.name} WHERE {table.key} = ?", (key,)).fetchone()
-        return cls.from_dict(loads(row[0])) if row else None
+        text = self._text(table.name, key)
+        if text is None:
+            sql = f"SELECT data FROM {table.name} WHERE {table.key} = ?"
+            row = self._conn.execute(sql, (key,)).fetchone()
+            if row is None:
+                return None
+            text = row[0]
+            self._committed.note(table.name, key, text)  # not this transaction's: see _text
+        return cls.from_dict(loads(text))
+
+    def _text(self, table: str, key: str) -> str | None:
+        return self._committed.get(table, key)
 
     def find_rows(self, cls: type[Record], limit: int | None = None, **where: Any) -> list[tuple[str, str]]:
         table = TABLES[cls]
@@ -122,19 +135,30 @@ class _SQLiteReader(Reader):
 
 
 class _SQLiteTransaction(_SQLiteReader, Transaction):
+    def __init__(self, conn: sqlite3.Connection, committed: Committed) -> None:
+        super().__init__(conn, committed)
+        #: What this transaction put, by (table, key): read back from here, and handed to
+        #: the committed records once (and only if) it commits.
+        self.written: dict[tuple[str, str], str] = {}
+
+    def _text(self, table: str, key: str) -> str | None:
+        return self.written.get((table, key)) or self._committed.get(table, key)
+
     def put(self, record: Record) -> None:
         table = TABLES[type(record)]
         names = (table.key, *table.columns)
         values = [getattr(record, name) for name in names]
         updates = ", ".join(f"{name} = excluded.{name}" for name in (*table.columns, "data"))
+        text = dumps(record.to_dict())
         # An upsert, not INSERT OR REPLACE: a replace deletes the row and gives it a new
         # rowid, which would reorder every list ordered by creation.
         self._conn.execute(
             f"INSERT INTO {table.name} ({', '.join(names)}, data) "
             f"VALUES ({', '.join('?' * (len(names) + 1))}) "
             f"ON CONFLICT({table.key}) DO UPDATE SET {updates}",
-            (*values, dumps(record.to_dict())),
+            (*values, text),
         )
+        self.written[(table.name, values[0])] = text
 
     def append_event(
         self,
@@ -195,6 +219,7 @@ class SQLiteStore(Store):
         self._conn.execute("PRAGMA busy_timeout=5000")
         self._conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP}")
         self._tx_depth = 0
+        self._committed = Committed()
         self._migrate()
         self._checkpointer = Checkpointer(self.path)
 
@@ -233,6 +258,7 @@ class SQLiteStore(Store):
         self._conn.execute(statement)  # may fail (locked): then nothing is open
         self._tx_depth += 1
         try:
+            self._committed.check(self._conn)
             yield
         except BaseException:
             self._conn.execute("ROLLBACK")
@@ -245,14 +271,16 @@ class SQLiteStore(Store):
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
         with self._begin("BEGIN IMMEDIATE"):
-            yield _SQLiteTransaction(self._conn)
+            tx = _SQLiteTransaction(self._conn, self._committed)
+            yield tx
+        self._committed.commit(tx.written)
         self.commits += 1
         self._checkpointer.committed()
 
     @contextmanager
     def read(self) -> Iterator[Reader]:
         with self._begin("BEGIN"):
-            yield _SQLiteReader(self._conn)
+            yield _SQLiteReader(self._conn, self._committed)
 
     def events_after(
         self, seq: int, limit: int = 500, token_id: str | None = None, types: Sequence[str] = ()
