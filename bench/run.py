@@ -9,8 +9,9 @@ and written to ``bench/results/latest.json``. Timings here are reports, never pa
            (p50, p99); baseline: a loopback HTTP round trip with the same client.
 - fanout:  one parent, N async tasks (half remote), each with a background wake;
            tasks/s end to end, all delivered exactly once, with transactions, events
-           and CPU seconds per task (both servers); baseline: raw sqlite3 inserts (one
-           transaction each) of the same number of events, and the ratio.
+           and CPU seconds per task (both servers, and their commands' wrappers);
+           baseline: raw sqlite3 inserts (one transaction each) of the same number of
+           events, and the ratio.
 - stores:  the fan-out (local children only) on SQLite with one process beside PostgreSQL
            with 1, 2 and 4 processes on one database (SPEC §12), in the same run; ratios to
            SQLite, CPU seconds of tether and of PostgreSQL, and how often the one write
@@ -23,6 +24,10 @@ and written to ``bench/results/latest.json``. Timings here are reports, never pa
            SSE, MCP, the web page) — requests/s and p50/p99 while tasks with monitors and
            background commands run on both linked environments, beside the same clients
            against the same servers idle (the driver is tests/stress/load.py).
+
+The servers' data goes under ``--scratch`` (default ``~/.cache``, where a user's data would
+be); the results say how fast that file system made a directory and a file in it
+(``scratchFileCreateMicros``), as every background command's start does.
 """
 
 from __future__ import annotations
@@ -549,8 +554,8 @@ def main() -> None:
         "--scratch",
         type=Path,
         default=Path.home() / ".cache",
-        help="where the servers' data directories go (default ~/.cache, like a user's data; "
-        "on this machine /tmp creates files 30x slower than the rest of the same disk)",
+        help="where the servers' data directories go (default ~/.cache, where a user's data "
+        "would be; how fast it makes a file is reported beside the results)",
     )
     args = parser.parse_args()
     quick = args.quick

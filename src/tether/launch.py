@@ -36,7 +36,6 @@ class Server:
         self.env = dict(env or {})
         self.name = name
         self.port = port or free_port()
-        self.env = env or {}
         self.process: subprocess.Popen[bytes] | None = None
         self.log = data.parent / f"{name}.log"
 
