@@ -142,7 +142,8 @@ class ScriptProvider:
         if index is None:
             return None
         state["fired"] = sorted({*state["fired"], index})
-        turn.save_state(state)
+        if state != turn.thread.state:  # a repeating rule's later runs have nothing new to keep
+            turn.save_state(state)
         context = _Context(turn.text, state["tasks"])
         reply: str | None = None
         saved = _copy(state)

@@ -184,3 +184,29 @@ async def test_a_long_script_turn_gives_the_loop_a_step_between_actions(runtime:
     await until(runtime, ["events"], completed)
     ticker.cancel()
     assert ticks >= 99, f"the loop ran other work {ticks} times during a turn of 100 actions"
+
+
+async def test_a_repeating_rules_later_runs_leave_the_script_state_alone(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state is written when a run changes it (a rule fired the first time, an id
+    recorded), not on every run: a parent woken a thousand times by the same repeating
+    rule would rewrite its whole state (every task id it recorded) each time."""
+    written: list[dict[str, Any]] = []
+    set_state = runtime.commands.set_state
+    monkeypatch.setattr(
+        runtime.commands, "set_state", lambda caller, state: (written.append(state), set_state(caller, state))
+    )
+    rule = {"on": "any", "repeat": True, "do": [{"reply": "ok"}]}
+    script = json.dumps({"tether_script": 1, "rules": [rule]})
+    created = runtime.commands.create_thread(ADMIN, "script", "t", message=script)
+    for text in ("two", "three"):
+        runtime.commands.post_message(ADMIN, created["threadId"], text, mode="queue")
+
+    def three_done() -> bool | None:
+        with runtime.store.read() as reader:
+            runs = reader.find(Run, thread_id=created["threadId"])
+        return True if len(runs) == 3 and all(r.status == RunStatus.COMPLETED for r in runs) else None
+
+    await until(runtime, ["events"], three_done)
+    assert written == [{"fired": [0], "ids": {}, "tasks": {}}], "written by the first run only"
