@@ -73,32 +73,31 @@ def percentile(values: list[float], p: float) -> float:
 def bench_store(root: Path, n: int, repeats: int) -> dict[str, Any]:
     ours, raw = [], []
     root.mkdir()
-    with tempfile.TemporaryDirectory(dir=root) as scratch:
-        for r in range(repeats):
-            store = SQLiteStore(Path(scratch) / f"s{r}.db")
-            start = time.perf_counter()
-            for i in range(n):
-                with store.transaction() as tx:
-                    tx.append_event("bench.event", {"i": i, "text": "x" * 64}, thread_id="thr_bench")
-            ours.append(n / (time.perf_counter() - start))
-            store.close()
-            conn = sqlite3.connect(Path(scratch) / f"r{r}.db", isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+    for r in range(repeats):
+        store = SQLiteStore(root / f"s{r}.db")
+        start = time.perf_counter()
+        for i in range(n):
+            with store.transaction() as tx:
+                tx.append_event("bench.event", {"i": i, "text": "x" * 64}, thread_id="thr_bench")
+        ours.append(n / (time.perf_counter() - start))
+        store.close()
+        conn = sqlite3.connect(root / f"r{r}.db", isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(
+            "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, type TEXT, at TEXT, "
+            "thread_id TEXT, data TEXT)"
+        )
+        start = time.perf_counter()
+        for i in range(n):
+            conn.execute("BEGIN IMMEDIATE")
             conn.execute(
-                "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, type TEXT, at TEXT, "
-                "thread_id TEXT, data TEXT)"
+                "INSERT INTO events (type, at, thread_id, data) VALUES (?, ?, ?, ?)",
+                ("bench.event", now(), "thr_bench", json.dumps({"i": i, "text": "x" * 64})),
             )
-            start = time.perf_counter()
-            for i in range(n):
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute(
-                    "INSERT INTO events (type, at, thread_id, data) VALUES (?, ?, ?, ?)",
-                    ("bench.event", now(), "thr_bench", json.dumps({"i": i, "text": "x" * 64})),
-                )
-                conn.execute("COMMIT")
-            raw.append(n / (time.perf_counter() - start))
-            conn.close()
+            conn.execute("COMMIT")
+        raw.append(n / (time.perf_counter() - start))
+        conn.close()
     return {
         "appendsPerSecond": median(ours),
         "rawInsertsPerSecond": median(raw),
