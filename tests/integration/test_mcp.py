@@ -262,3 +262,21 @@ async def test_a_value_outside_an_enum_is_refused(module_server: Server, module_
     for result in (bad_mode, bad_target, extra):
         assert result.is_error, result
     assert module_client.get("/api/tasks").json()["tasks"] == before
+
+
+async def test_arguments_the_schema_refuses_fail_as_code_and_message(
+    module_server: Server, module_client: httpx.Client
+) -> None:
+    """A refusal before any tool runs is ``{code, message}`` like every other failure (SPEC
+    §5): the message names each wrong argument, never its value; nothing changes."""
+    before = module_client.get("/api/tasks").json()["tasks"]
+    async with session(f"{module_server.url}/mcp", module_server.token) as mcp:
+        missing = await failure(mcp, "task_status")
+        typed = await failure(mcp, "delegate_task", task="x", mode="later", timeoutMs="soon-ish")
+        unknown = await failure(mcp, "delegate_everything", task="x")
+    assert missing["code"] == "invalid" and "taskId" in missing["message"], missing
+    assert typed["code"] == "invalid", typed
+    assert "mode" in typed["message"] and "timeoutMs" in typed["message"], typed
+    assert "soon-ish" not in typed["message"]
+    assert unknown["code"] == "unknown_tool" and "delegate_everything" in unknown["message"], unknown
+    assert module_client.get("/api/tasks").json()["tasks"] == before
