@@ -23,7 +23,7 @@ from tether.launch import Server
 from tether.providers import PROVIDERS
 from tether.tools.mcp import DESCRIPTIONS, describe
 
-from .helpers import new_thread, reply, rule, script, thread, wait_settled
+from .helpers import new_thread, reply, rule, script, tasks_of, thread, wait_settled
 
 TOOLS = {
     "delegate_task", "task_status", "task_cancel", "thread_wait", "thread_send", "thread_read",
@@ -135,6 +135,27 @@ async def test_thread_credential_delegates_and_gets_woken(
     assert "DONE" in wakes[0]["reply"]
     assert len(wake_messages(view)) == 1
     assert all(len(m["text"]) > 0 for m in wake_messages(view))
+
+
+async def test_a_task_is_found_and_cancelled_by_the_label_its_parent_gave_it(
+    module_server: Server, module_client: httpx.Client
+) -> None:
+    client = module_client
+    parent_id = new_thread(client, idle_script(), title="labels")
+    other_id = new_thread(client, idle_script(), title="another parent")
+    wait_settled(client, parent_id)
+    slow = script(rule("start", {"sleep_ms": 30_000}))
+    async with session(f"{module_server.url}/mcp", credential(client, parent_id)["token"]) as mcp:
+        started = await call(mcp, "delegate_task", task=slow, label="slow one")
+        assert (await call(mcp, "task_status", taskId="slow one"))["taskId"] == started["taskId"]
+        assert started["label"] == "slow one"
+        bad = await failure(mcp, "delegate_task", task=slow, label=" padded")
+        cancelled = await call(mcp, "task_cancel", taskId="slow one")
+    assert bad["code"] == "invalid" and "label" in bad["message"], bad
+    assert (cancelled["taskId"], cancelled["status"]) == (started["taskId"], "cancelled"), cancelled
+    async with session(f"{module_server.url}/mcp", credential(client, other_id)["token"]) as mcp:
+        assert (await failure(mcp, "task_status", taskId="slow one"))["code"] == "not_found"
+    assert [t["label"] for t in tasks_of(client, parent_id)] == ["slow one"]
 
 
 async def test_wait_mode_hands_the_result_back(module_server: Server, module_client: httpx.Client) -> None:

@@ -193,6 +193,10 @@ class Task(Record):
     child_thread_id: str
     created_at: str
     title: str | None = None
+    #: The parent's own name for the task (a script's ``delegate`` id): its tools accept it
+    #: wherever the task id goes. Kept here, not in the parent's state, which it would grow
+    #: by one entry per delegation — and that state is rewritten whole at each one.
+    label: str | None = None
     mode: str = "async"
     hold: bool = True
     status: str = TaskStatus.QUEUED

@@ -62,6 +62,7 @@ def task_view(task: Task) -> dict[str, Any]:
     return {
         "taskId": task.id,
         "title": task.title,
+        "label": task.label,
         "parentEnvironmentId": task.parent_environment_id,
         "parentThreadId": task.parent_thread_id,
         "childEnvironmentId": task.child_environment_id,

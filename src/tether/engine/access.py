@@ -30,7 +30,12 @@ def thread_for(u: View, caller: Caller, thread_id: str) -> Thread:
 
 
 def task_for(u: View, caller: Caller, task_id: str) -> Task:
+    """A task the caller may see, by its id — or, for a thread, by the label it gave a task
+    it delegated (the latest, if it gave one label twice)."""
     task = u.load(Task, task_id)
+    if task is None and caller.thread_id is not None:
+        labelled = u.query(Task, parent_thread_id=caller.thread_id, label=task_id)
+        task = labelled[-1] if labelled else None
     if task is not None:
         for thread_id in (task.child_thread_id, task.parent_thread_id):
             local = access.local_side(task, thread_id, u.environment_id)

@@ -45,6 +45,7 @@ class Delegation:
         model: str | None = None,
         deadline_ms: int | None = None,
         on_deadline: str | None = None,
+        label: str | None = None,
     ) -> dict[str, Any]:
         """``delegate_task``: a task and its held item in the parent; with a linked
         ``environment_id`` the peer creates the child later (``remote_pending``), else
@@ -54,6 +55,7 @@ class Delegation:
         if not task.strip():
             raise Invalid("task must not be empty")
         _check_deadline(deadline_ms, on_deadline)
+        _check_label(label)
         here = self.units.environment_id
         where = environment_id or here
         remote = where != here
@@ -70,6 +72,7 @@ class Delegation:
                 child_thread_id="",
                 created_at=u.at,
                 title=title,
+                label=label,
                 mode=mode,
                 hold=hold,
                 waiting_call=mode == "wait",
@@ -219,6 +222,15 @@ def _deadline_notice(u: Unit, task: Task) -> None:
     }
     notice = message(u, parent, "notification", deadlines.notice_text(task, held, link), source)
     queue(u, parent, Trigger.TASK_DEADLINE, [notice], key=task.id, taskId=task.id)
+
+
+#: A label is a short name, not a document: it is a column the parent's lookups use.
+MAX_LABEL = 200
+
+
+def _check_label(label: str | None) -> None:
+    if label is not None and not (0 < len(label.strip()) == len(label) <= MAX_LABEL):
+        raise Invalid(f"label must be 1 to {MAX_LABEL} characters with no space at either end")
 
 
 def _check_deadline(deadline_ms: int | None, on_deadline: str | None) -> None:

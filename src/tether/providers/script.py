@@ -1,9 +1,10 @@
 """The ``script`` provider: a deterministic agent driven by a JSON script (SPEC §3).
 
 The thread's first message (a delegated task's text) is the script. Each run fires the
-first rule not yet fired whose ``on`` matches it; fired rules and action ids are kept in
-the thread's state, so they survive restarts. The rule counts as fired when its run
-starts: it is saved before the first action runs.
+first rule not yet fired whose ``on`` matches it; fired rules and the ids of background
+commands and monitors are kept in the thread's state, so they survive restarts (a
+``delegate``'s id is its task's label, kept with the task). The rule counts as fired when
+its run starts: it is saved before the first action runs.
 """
 
 from __future__ import annotations
@@ -230,11 +231,12 @@ class ScriptProvider:
             title=spec.get("title"),
             deadlineMs=spec.get("deadline_ms"),
             onDeadline=spec.get("on_deadline"),
+            label=spec.get("id"),
             clientRequestId=key,
         )
+        # The id is the task's label, which the task tools accept: it is not added to the
+        # state, which a fan-out of a thousand delegations would grow and rewrite each time.
         ref = spec.get("id")
-        if ref:
-            state["ids"][ref] = result["taskId"]
         if spec.get("mode") == "wait":
             _remember(context, result, ref)
 

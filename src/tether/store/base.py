@@ -62,6 +62,7 @@ TABLES: dict[type[Record], Table] = {
             "follow_up_of",
             "parent_environment_id",
             "remote_pending",
+            "label",
         ),
         "rowid",
     ),

@@ -80,7 +80,7 @@ _WAIT = f"0 to {MAX_WAIT_MS}; default {DEFAULT_WAIT_MS}"
 
 #: Parameter descriptions shared by every tool that has the parameter ...
 PARAMETERS: dict[str, str] = {
-    "taskId": "The task id (tsk_…).",
+    "taskId": "The task id (tsk_…), or the label you gave a task you delegated.",
     "threadId": "The thread id (thr_…).",
     "environmentId": "A linked environment's id or name; leave out for this environment.",
     "clientRequestId": "Idempotency key: repeating a call with the same key returns the first outcome.",
@@ -101,6 +101,8 @@ TOOL_PARAMETERS: dict[str, dict[str, str]] = {
             "'wake' (default): you get one task_deadline turn saying how the task stands, and the task "
             "goes on; 'cancel': the task is cancelled and you are woken with status cancelled."
         ),
+        "label": "A short name of your choice for the task; task_status and task_cancel accept it "
+        "in place of the task id.",
     },
     "task_cancel": {"reason": "Why, shown to the people watching."},
     "thread_wait": {

@@ -124,6 +124,7 @@ class Tools:
         title: str | None = None,
         deadlineMs: int | None = None,
         onDeadline: str | None = None,
+        label: str | None = None,
         clientRequestId: str | None = None,
     ) -> dict[str, Any]:
         text = task if isinstance(task, str) else json.dumps(task)
@@ -139,6 +140,7 @@ class Tools:
             "title": title,
             "deadline_ms": deadlineMs,
             "on_deadline": onDeadline,
+            "label": label,
             "client_request_id": clientRequestId,
         }
         if self._is_local(target.get("environmentId")):

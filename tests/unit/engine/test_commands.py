@@ -163,6 +163,27 @@ def test_delegate_returns_the_committed_task(world: World) -> None:
     assert view["status"] == world.task(view["taskId"]).status
 
 
+def test_a_parent_finds_and_cancels_its_task_by_its_label(world: World) -> None:
+    """A label names a task for the thread that delegated it (the latest task it gave that
+    label), in place of its id; nobody else can use it, and a bad label changes nothing."""
+    parent_id, _ = world.parent()
+    first, _ = world.delegate(parent_id, label="build")
+    again, _ = world.delegate(parent_id, label="build")
+    other_id, _ = world.parent("another parent")
+    before = world.dump()
+    assert world.queries.task(world.as_thread(parent_id), "build")["taskId"] == again != first
+    assert world.queries.task(world.as_thread(parent_id), first)["label"] == "build"
+    for stranger in (world.as_thread(other_id), ADMIN):
+        with pytest.raises(NotFound):
+            world.queries.task(stranger, "build")
+    for bad in ("", " build", "x" * 201):
+        with pytest.raises(Invalid, match="label"):
+            world.commands.delegate(world.as_thread(parent_id), "job", label=bad)
+    assert world.dump() == before
+    assert world.commands.cancel_task(world.as_thread(parent_id), "build")["taskId"] == again
+    assert world.task(again).status == TaskStatus.CANCELLED and world.task(first).is_open
+
+
 @pytest.mark.parametrize("hold", [True, False])
 def test_hold_false_tasks_do_not_hold_the_parent(world: World, hold: bool) -> None:
     parent_id, _ = world.parent()

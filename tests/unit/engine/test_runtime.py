@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tether.domain.records import Item, Message, Run
+from tether.domain.records import Item, Message, Run, Task, Thread
 from tether.domain.types import ItemStatus, RunStatus
 from tether.engine import runtime as runtime_module
 from tether.engine.port import Services
@@ -210,3 +210,37 @@ async def test_a_repeating_rules_later_runs_leave_the_script_state_alone(
 
     await until(runtime, ["events"], three_done)
     assert written == [{"fired": [0], "ids": {}, "tasks": {}}], "written by the first run only"
+
+
+async def test_a_scripts_delegations_are_named_by_label_not_kept_in_its_state(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delegate's id is its task's label, which the task tools resolve: the parent's
+    state is written once for the rule (not once per delegation, growing: a fan-out of a
+    thousand rewrote a 30 KB state a thousand times), and its ids still name its tasks —
+    in a later run too, as after a restart."""
+    written: list[dict[str, Any]] = []
+    set_state = runtime.commands.set_state
+    monkeypatch.setattr(
+        runtime.commands, "set_state", lambda caller, state: (written.append(state), set_state(caller, state))
+    )
+    child = {"tether_script": 1, "rules": [{"on": "start", "do": [{"reply": "DONE"}]}]}
+    delegations = [{"delegate": {"task": child, "id": f"c{n}", "title": f"child {n}"}} for n in range(5)]
+    checks = [{"task_status": "c3"}, {"reply": "{{tasks.c3.status}} {{tasks.c3.result}}"}]
+    rules = [{"on": "start", "do": delegations}, {"on": "delegated_task", "repeat": True, "do": checks}]
+    script = json.dumps({"tether_script": 1, "rules": rules})
+    created = runtime.commands.create_thread(ADMIN, "script", "t", message=script)
+
+    def settled_with_a_reply() -> list[Run] | None:
+        with runtime.store.read() as reader:
+            thread = reader.get(Thread, created["threadId"])
+            runs = reader.find(Run, thread_id=created["threadId"])
+        return runs if thread is not None and thread.settled and runs[-1].reply else None
+
+    runs = await until(runtime, ["events"], settled_with_a_reply)
+    assert runs[-1].reply == "completed DONE", [r.reply for r in runs]
+    assert written[0] == {"fired": [0], "ids": {}, "tasks": {}}
+    assert all(state["ids"] == {} for state in written), written
+    with runtime.store.read() as reader:
+        labels = [t.label for t in reader.find(Task, parent_thread_id=created["threadId"])]
+    assert labels == [f"c{n}" for n in range(5)]

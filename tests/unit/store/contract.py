@@ -187,6 +187,19 @@ class StoreContract:
             assert [i.id for i in tx.find(Item, thread_id="thr_1")] == ["bg_c", "bg_a", "bg_b"]
             assert [t.id for t in tx.find(Task, parent_thread_id="thr_p")] == ["tsk_c", "tsk_a", "tsk_b"]
 
+    def test_tasks_are_found_by_their_parent_and_label(self, store: Store) -> None:
+        with store.transaction() as tx:
+            tx.put(task("tsk_a", label="build"))
+            tx.put(task("tsk_b", label="test"))
+            tx.put(task("tsk_c", parent="thr_q", label="build"))
+            tx.put(task("tsk_d", label="build"))
+            tx.put(task("tsk_e"))
+        with store.read() as reader:
+            found = reader.find(Task, parent_thread_id="thr_p", label="build")
+            assert [t.id for t in found] == ["tsk_a", "tsk_d"]
+            labels = [t.label for t in reader.find(Task, parent_thread_id="thr_p")]
+            assert labels == ["build", "test", "build", None]
+
     def test_updating_a_record_does_not_move_it_in_find_order(self, store: Store) -> None:
         with store.transaction() as tx:
             for name in ("a", "b", "c"):

@@ -70,4 +70,9 @@ MIGRATIONS: list[str] = [
     ALTER TABLE outbox ADD COLUMN claimed_until DOUBLE PRECISION NOT NULL DEFAULT 0;
     CREATE INDEX outbox_member ON outbox(member);
     """,
+    # 3: a task's label (its parent's name for it), found by the parent's tools.
+    """
+    ALTER TABLE tasks ADD COLUMN label TEXT;
+    CREATE INDEX tasks_label ON tasks(parent_thread_id, label) WHERE label IS NOT NULL;
+    """,
 ]

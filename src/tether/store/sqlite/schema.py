@@ -77,4 +77,9 @@ MIGRATIONS: list[str] = [
     CREATE INDEX outbox_due ON outbox(parked, retry_at);
     CREATE INDEX outbox_thread ON outbox(thread_id, parked);
     """,
+    # 6: a task's label (its parent's name for it), found by the parent's tools.
+    """
+    ALTER TABLE tasks ADD COLUMN label TEXT;
+    CREATE INDEX tasks_label ON tasks(parent_thread_id, label) WHERE label IS NOT NULL;
+    """,
 ]
