@@ -18,6 +18,11 @@ data directory, docs/architecture.md):
   process, against the rule) or resets the write-ahead log: ``check``, at the start of
   every transaction, then forgets everything.
 
+Beside each record's JSON it keeps the values of its filter columns as stored, so that an
+update can set only the columns that changed: SQLite rewrites an entry in every index
+whose column an ``UPDATE`` sets, changed or not, and each rewritten index is one more
+page in the write-ahead log of the commit (``store.py``'s ``put``).
+
 It holds at most ``LIMIT`` records, and forgets them all when full (no eviction order to
 keep up on every read).
 """
@@ -25,14 +30,22 @@ keep up on every read).
 from __future__ import annotations
 
 import sqlite3
+from typing import Any, NamedTuple
 
 #: Records kept at most (a record's JSON is about a kilobyte, so a few megabytes).
 LIMIT = 10_000
 
 
+class Stored(NamedTuple):
+    """A record's row as stored: its JSON and its filter columns' values, in table order."""
+
+    text: str
+    columns: tuple[Any, ...]
+
+
 class Committed:
     def __init__(self) -> None:
-        self._texts: dict[tuple[str, str], str] = {}
+        self._texts: dict[tuple[str, str], Stored] = {}
         self._version: int | None = None
 
     def check(self, conn: sqlite3.Connection) -> None:
@@ -42,16 +55,16 @@ class Committed:
             self._texts.clear()
             self._version = version
 
-    def get(self, table: str, key: str) -> str | None:
+    def get(self, table: str, key: str) -> Stored | None:
         return self._texts.get((table, key))
 
-    def note(self, table: str, key: str, text: str) -> None:
-        """A committed record's JSON, just read."""
+    def note(self, table: str, key: str, stored: Stored) -> None:
+        """A committed record's row, just read."""
         if len(self._texts) >= LIMIT:
             self._texts.clear()
-        self._texts[(table, key)] = text
+        self._texts[(table, key)] = stored
 
-    def commit(self, written: dict[tuple[str, str], str]) -> None:
+    def commit(self, written: dict[tuple[str, str], Stored]) -> None:
         """What a transaction put, now that it committed."""
         if len(self._texts) + len(written) > LIMIT:
             self._texts.clear()

@@ -35,7 +35,7 @@ from tether.store.base import (
     events_where,
 )
 from tether.store.sqlite.checkpoint import BACKSTOP, Checkpointer
-from tether.store.sqlite.committed import Committed
+from tether.store.sqlite.committed import Committed, Stored
 from tether.store.sqlite.schema import MIGRATIONS
 
 _OUTBOX_COLUMNS = "id, kind, payload, thread_id, attempts, last_error, parked"
@@ -68,17 +68,17 @@ class _SQLiteReader(Reader):
 
     def get(self, cls: type[R], key: str) -> R | None:
         table = TABLES[cls]
-        text = self._text(table.name, key)
-        if text is None:
-            sql = f"SELECT data FROM {table.name} WHERE {table.key} = ?"
+        stored = self._stored(table.name, key)
+        if stored is None:
+            sql = f"SELECT {', '.join(('data', *table.columns))} FROM {table.name} WHERE {table.key} = ?"
             row = self._conn.execute(sql, (key,)).fetchone()
             if row is None:
                 return None
-            text = row[0]
-            self._committed.note(table.name, key, text)  # not this transaction's: see _text
-        return cls.from_dict(loads(text))
+            stored = Stored(row[0], tuple(row[1:]))
+            self._committed.note(table.name, key, stored)  # not this transaction's: see _stored
+        return cls.from_dict(loads(stored.text))
 
-    def _text(self, table: str, key: str) -> str | None:
+    def _stored(self, table: str, key: str) -> Stored | None:
         return self._committed.get(table, key)
 
     def find_rows(self, cls: type[Record], limit: int | None = None, **where: Any) -> list[tuple[str, str]]:
@@ -139,26 +139,45 @@ class _SQLiteTransaction(_SQLiteReader, Transaction):
         super().__init__(conn, committed)
         #: What this transaction put, by (table, key): read back from here, and handed to
         #: the committed records once (and only if) it commits.
-        self.written: dict[tuple[str, str], str] = {}
+        self.written: dict[tuple[str, str], Stored] = {}
 
-    def _text(self, table: str, key: str) -> str | None:
+    def _stored(self, table: str, key: str) -> Stored | None:
         return self.written.get((table, key)) or self._committed.get(table, key)
 
     def put(self, record: Record) -> None:
         table = TABLES[type(record)]
-        names = (table.key, *table.columns)
-        values = [getattr(record, name) for name in names]
-        updates = ", ".join(f"{name} = excluded.{name}" for name in (*table.columns, "data"))
-        text = dumps(record.to_dict())
+        key = getattr(record, table.key)
+        stored = Stored(dumps(record.to_dict()), tuple(getattr(record, name) for name in table.columns))
+        before = self._stored(table.name, key)
+        if before is None or not self._update(table, key, before.columns, stored):
+            self._upsert(table, key, stored)
+        self.written[(table.name, key)] = stored
+
+    def _update(self, table: Table, key: str, before: tuple[Any, ...], stored: Stored) -> bool:
+        """Update a row whose stored columns are known, setting only those that changed: an
+        ``UPDATE`` rewrites the entry of every index on a column it sets, even to the same
+        value (a task's put touched seven B-trees where its JSON alone needed one). False if
+        the row was not there after all."""
+        pairs = zip(table.columns, before, stored.columns, strict=True)
+        changed = [(name, value) for name, old, value in pairs if old != value]
+        sets = "".join(f"{name} = ?, " for name, _ in changed)
+        cursor = self._conn.execute(
+            f"UPDATE {table.name} SET {sets}data = ? WHERE {table.key} = ?",
+            (*(value for _, value in changed), stored.text, key),
+        )
+        return cursor.rowcount == 1
+
+    def _upsert(self, table: Table, key: str, stored: Stored) -> None:
         # An upsert, not INSERT OR REPLACE: a replace deletes the row and gives it a new
         # rowid, which would reorder every list ordered by creation.
+        names = (table.key, *table.columns)
+        updates = ", ".join(f"{name} = excluded.{name}" for name in (*table.columns, "data"))
         self._conn.execute(
             f"INSERT INTO {table.name} ({', '.join(names)}, data) "
             f"VALUES ({', '.join('?' * (len(names) + 1))}) "
             f"ON CONFLICT({table.key}) DO UPDATE SET {updates}",
-            (*values, text),
+            (key, *stored.columns, stored.text),
         )
-        self.written[(table.name, values[0])] = text
 
     def append_event(
         self,
