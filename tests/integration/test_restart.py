@@ -31,6 +31,7 @@ from kit import (
     leftover_wrappers,
     reap,
     reap_zombie_children,
+    recorded_exit,
     runs_of,
     set_subreaper,
     wake_messages,
@@ -250,7 +251,7 @@ def restarted(tmp_path_factory: pytest.TempPathFactory, process_backend: str) ->
         fcntl.flock(locks["ended"], fcntl.LOCK_UN)
         await_exit(s["ended"].pid)
         reap(s["ended"].pid)
-        assert (server.data / "proc" / s["ended"].item_id / "exit").read_text().strip() == "0"
+        assert recorded_exit(server, s["ended"].item_id) == 0
         for name in ("lost", "both", "zombie"):
             kill_group(s[name].pid)
             await_exit(s[name].pid)

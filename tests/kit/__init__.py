@@ -15,6 +15,8 @@ from kit.processes import (
     process_gone,
     reap,
     reap_zombie_children,
+    recorded_exit,
+    recorded_pid,
     set_subreaper,
     wrapper_pid,
 )
@@ -41,6 +43,8 @@ __all__ = [
     "process_gone",
     "reap",
     "reap_zombie_children",
+    "recorded_exit",
+    "recorded_pid",
     "reported",
     "runs_of",
     "set_subreaper",

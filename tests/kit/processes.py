@@ -11,6 +11,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+from tether.engine.processes.base import read_status
 from tether.launch import Server
 
 
@@ -20,7 +21,19 @@ def item_dir(server: Server, item_id: str) -> Path:
 
 def wrapper_pid(server: Server, item_id: str) -> int:
     """The pid of the wrapper of a background item (its process group leader)."""
-    return int((item_dir(server, item_id) / "pid").read_text().strip())
+    pid = read_status(item_dir(server, item_id))[0]
+    assert pid is not None, f"no pid recorded for {item_id}"
+    return pid
+
+
+def recorded_pid(server: Server, item_id: str) -> int | None:
+    """The wrapper's pid once it is recorded (None before)."""
+    return read_status(item_dir(server, item_id))[0]
+
+
+def recorded_exit(server: Server, item_id: str) -> int | None:
+    """The exit status the wrapper recorded (None while it runs, or if it recorded none)."""
+    return read_status(item_dir(server, item_id))[1]
 
 
 def await_exit(pid: int, timeout: float = 30.0) -> None:

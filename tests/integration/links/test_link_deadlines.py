@@ -25,6 +25,7 @@ from kit import (
     new_thread,
     poll,
     process_gone,
+    recorded_pid,
     start_all,
     tasks_of,
     thread,
@@ -158,9 +159,8 @@ def test_cancel_reaches_the_remote_child_and_stops_its_commands(up: dict[str, An
     parent_id = new_thread(origin, parent_of(gated_child(tmp_path / "never"), 1500, "cancel"))
     child_id, view = remote_child_started(origin, peer, parent_id, first_run_done_with_command)
     [item] = view["background"]
-    pid_file = peer.data / "proc" / item["id"] / "pid"
-    # the wrapper writes its pid itself as it starts; no event says when
-    pid = int(poll(lambda: pid_file.exists() and pid_file.read_text().strip(), 10, "the pid file"))
+    # the pid is recorded as the wrapper starts; no event says when
+    pid = poll(lambda: recorded_pid(peer, item["id"]), 10, "the pid file")
 
     [task], parent = await_delivered(origin, parent_id, 1)
     assert (task["status"], task["overdue"]) == ("cancelled", True)

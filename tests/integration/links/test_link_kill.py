@@ -26,7 +26,18 @@ from linkkit import (
     remote_child_started,
 )
 
-from kit import link, new_thread, poll, process_gone, start_all, tasks_of, thread, wake_messages
+from kit import (
+    link,
+    new_thread,
+    poll,
+    process_gone,
+    recorded_exit,
+    recorded_pid,
+    start_all,
+    tasks_of,
+    thread,
+    wake_messages,
+)
 from tether.launch import Server
 
 WAITING = {"reply": "WAITING"}
@@ -114,8 +125,7 @@ def test_destination_killed_while_command_runs_is_adopted(
     if ends == "while the destination is down":
         gate.touch()
         # tether is down, so nothing announces it: poll for the wrapper's exit record
-        exit_file = peer.data / "proc" / item_id / "exit"
-        poll(lambda: exit_file.exists() and exit_file.read_text().strip(), 20, "the wrapper's exit status")
+        poll(lambda: recorded_exit(peer, item_id) is not None, 20, "the wrapper's exit status")
     peer.start()
     if ends == "after the restart":
         assert _command(thread(peer, child_id))["status"] == "running"  # adopted, not lost
@@ -136,9 +146,8 @@ def test_destination_killed_and_command_gone_gives_a_restart_run(up: dict[str, S
     parent_id = new_thread(origin, parent_of(_child("sleep 60; echo OK", on_restart=True), "peer"))
     child_id, view = remote_child_started(origin, peer, parent_id, first_run_done_with_command)
     item_id = _command(view)["id"]
-    pid_file = peer.data / "proc" / item_id / "pid"
-    # the wrapper writes its pid itself as it starts; no event says when
-    pid = int(poll(lambda: pid_file.exists() and pid_file.read_text().strip(), 10, "the pid file"))
+    # the pid is recorded as the wrapper starts; no event says when
+    pid = poll(lambda: recorded_pid(peer, item_id), 10, "the pid file")
 
     peer.kill()
     os.killpg(pid, signal.SIGKILL)
@@ -277,8 +286,7 @@ def test_destination_restart_does_not_adopt_a_zombie(up: dict[str, Server], unre
     parent_id = new_thread(origin, parent_of(_child("sleep 60; echo OK", on_restart=True), "zpeer"))
     child_id, view = remote_child_started(origin, unreaped, parent_id, first_run_done_with_command)
     item_id = _command(view)["id"]
-    pid_file = unreaped.data / "proc" / item_id / "pid"
-    pid = int(poll(lambda: pid_file.exists() and pid_file.read_text().strip(), 10, "the pid file"))
+    pid = poll(lambda: recorded_pid(unreaped, item_id), 10, "the pid file")
 
     unreaped.kill()
     os.killpg(pid, signal.SIGKILL)

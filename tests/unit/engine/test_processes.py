@@ -23,6 +23,7 @@ import pytest
 from tether.domain.records import Item
 from tether.domain.types import ItemKind
 from tether.engine.processes import ProcessBackend, ProcessManager, choose_backend
+from tether.engine.processes.base import read_status
 from tether.ids import now
 
 TIMEOUT = 20.0
@@ -189,17 +190,57 @@ async def test_timeout_kills_and_says_so(manager: tuple[ProcessManager, Reports]
 
 
 async def test_exit_status_is_recorded_durably(manager: tuple[ProcessManager, Reports]) -> None:
-    """In the item's ``exit`` file, also for a signal's end, and nothing beside it; the
-    wrapper's pid is recorded as soon as it started."""
+    """In the item's files, also for a signal's end, and nothing beside them; the wrapper's
+    pid is recorded as soon as it started."""
     processes, reports = manager
-    command = item(ItemKind.COMMAND, "kill -9 $$")
+    command = item(ItemKind.COMMAND, "sleep 0.2; kill -9 $$")
     pid, _ = processes.spawn(command)
-    assert (processes.dir(command.id) / "pid").read_text() == f"{pid}\n"
+    assert read_status(processes.dir(command.id)) == (pid, None)
     processes.watch(command, pid)
     await asyncio.wait_for(reports.ended.wait(), TIMEOUT)
     assert reports.ends == [(137, [], None)]
-    assert (processes.dir(command.id) / "exit").read_text() == "137\n"
-    assert not (processes.dir(command.id) / "exit.tmp").exists()
+    assert read_status(processes.dir(command.id)) == (pid, 137)
+    assert {path.name for path in processes.dir(command.id).iterdir()} <= {"pid", "out", "exit"}
+
+
+async def test_a_command_that_ends_before_its_pid_is_recorded_keeps_both(
+    manager: tuple[ProcessManager, Reports],
+) -> None:
+    """A short command's wrapper may record its status before tether records its pid: the
+    two appends, in either order, read back as both."""
+    processes, _ = manager
+    for n in range(20):
+        command = item(ItemKind.COMMAND, "exit 3")
+        command.id = f"itm_{n}"
+        pid, _ = processes.spawn(command)
+        await asyncio.to_thread(_reap, pid)
+        assert read_status(processes.dir(command.id)) == (pid, 3)
+        assert processes.fate(command) == ("exited", 3)
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize(
+    ("pid_file", "exit_file", "expected"),
+    [
+        ("41\n", None, (41, None)),
+        ("41\nexit 0\n", None, (41, 0)),
+        ("exit 9\n41\n", None, (41, 9)),  # the wrapper was first
+        ("41\nexit", None, (41, None)),  # cut short by a crash
+        ("41\n", "2\n", (41, 2)),  # a portable wrapper, or an older tether's
+        ("", "", (None, None)),
+    ],
+)
+def test_read_status_reads_either_order_and_either_file(
+    tmp_path: Path, pid_file: str, exit_file: str | None, expected: tuple[int | None, int | None]
+) -> None:
+    (tmp_path / "pid").write_text(pid_file)
+    if exit_file is not None:
+        (tmp_path / "exit").write_text(exit_file)
+    assert read_status(tmp_path) == expected
 
 
 async def test_fate_tells_a_reused_pid_from_ours(

@@ -1,11 +1,11 @@
 """Background commands and monitors as real processes that can outlive tether (SPEC §13, G6).
 
 Each command runs under a small wrapper, in its own process group, that writes the
-command's output to ``DATA/proc/ITEM/out`` and, when the command ends, its exit status to
-``exit`` (atomically); ``pid`` holds the wrapper's pid, written as soon as it started.
-Because those are files, tether learns how a command ended even if it ended while tether
-was down: on start it adopts live processes (checking when the pid started, so a reused
-pid is never mistaken for ours) and reads the exit files of the ones that finished.
+command's output to ``DATA/proc/ITEM/out`` and, when the command ends, its exit status;
+``pid`` holds the wrapper's pid, written as soon as it started. Because those are files,
+tether learns how a command ended even if it ended while tether was down: on start it
+adopts live processes (checking when the pid started, so a reused pid is never mistaken
+for ours) and reads the exit status of the ones that finished (``read_status``).
 
 What differs per platform — how the wrapper is started, how a pid's start is told apart,
 how an exit is noticed, how a tree is killed, which shell runs a command — is a
@@ -45,6 +45,30 @@ DEVNULL: dict[str, Any] = {
 }
 
 
+def read_status(directory: Path) -> tuple[int | None, int | None]:
+    """The wrapper's pid and the command's exit status, as far as its files say.
+
+    ``pid`` holds a line with the pid (tether's, right after the spawn) and — from a
+    wrapper that records the status there (Linux) — a line ``exit N`` once the command
+    ended: two appends, in either order (a short command may end first), and no file of
+    its own for the status (creating a file was the dearest step of a short command on a
+    slow file system). A portable wrapper, or a wrapper of an older tether, writes the
+    status to ``exit`` instead. A line cut short by a crash reads as missing."""
+    pid = code = None
+    with contextlib.suppress(OSError):
+        for line in (directory / "pid").read_text().splitlines():
+            kind, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                if kind == "exit":
+                    code = int(value)
+                elif not kind and pid is None:
+                    pid = int(value)
+    if code is None:
+        with contextlib.suppress(OSError, ValueError):
+            code = int((directory / "exit").read_text().strip())
+    return pid, code
+
+
 class ProcessBackend(ABC):
     """The platform's part of running background processes.
 
@@ -57,9 +81,9 @@ class ProcessBackend(ABC):
 
     @abstractmethod
     def spawn(self, directory: Path, command: str, cwd: Path) -> int:
-        """Start ``command`` under a wrapper that writes ``out`` and, at its end, ``exit``
-        in ``directory``, and that outlives tether. Returns the wrapper's pid (which the
-        manager records in ``pid``)."""
+        """Start ``command`` under a wrapper that writes ``out`` and, at its end, the exit
+        status (see ``read_status``) in ``directory``, and that outlives tether. Returns
+        the wrapper's pid (which the manager records in ``pid``)."""
 
     @abstractmethod
     def identity(self, pid: int) -> str | None:
@@ -189,32 +213,27 @@ class ProcessManager:
         directory.mkdir(parents=True, exist_ok=True)
         pid = self.backend.spawn(directory, item.command or "", self.workspace)
         # Recorded at once: a restart that finds it knows the command was started. One
-        # write, neither synced nor renamed into place (each was a disk operation per command
-        # on the loop): its only reader is a later start, once this process is gone, and a
-        # file left empty by a crash in between — of tether or of the machine, which takes
-        # the command too — reads as "lost", which is what happened.
-        with open(directory / "pid", "w") as handle:
+        # append (the wrapper may have appended its exit status already), neither synced nor
+        # renamed into place (each was a disk operation per command on the loop): its only
+        # reader is a later start, once this process is gone, and a file left empty by a
+        # crash in between — of tether or of the machine, which takes the command too —
+        # reads as "lost", which is what happened.
+        with open(directory / "pid", "a") as handle:
             handle.write(f"{pid}\n")
         return pid, self.backend.identity(pid)
 
     def fate(self, item: Item) -> tuple[str, int | None]:
         """After a restart: ``("alive", pid)``, ``("exited", code)`` or ``("lost", None)``."""
-        pid = item.pid
-        if pid is None:
-            with contextlib.suppress(OSError, ValueError):
-                pid = int((self.dir(item.id) / "pid").read_text())
+        recorded, code = read_status(self.dir(item.id))
+        pid = item.pid if item.pid is not None else recorded
         if pid is not None and self.backend.running(pid, item.pid_start):
             return "alive", pid
-        code = self.exit_code(item.id)
         if code is not None:
             return "exited", code
         return "lost", None
 
     def exit_code(self, item_id: str) -> int | None:
-        try:
-            return int((self.dir(item_id) / "exit").read_text().strip())
-        except (OSError, ValueError):
-            return None
+        return read_status(self.dir(item_id))[1]
 
     def watch(self, item: Item, pid: int) -> None:
         if item.id not in self._watchers:
