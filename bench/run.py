@@ -8,8 +8,8 @@ and written to ``bench/results/latest.json``. Timings here are reports, never pa
 - latency: child run end -> parent wake run start, local and linked over loopback
            (p50, p99); baseline: a loopback HTTP round trip with the same client.
 - fanout:  one parent, N async tasks (half remote), each with a background wake;
-           tasks/s end to end, all delivered exactly once, with transactions, events
-           and CPU seconds per task (both servers, and their commands' wrappers);
+           tasks/s end to end, all delivered exactly once, with transactions, events,
+           CPU seconds (both servers, and their commands' wrappers) and KiB written per task;
            baseline: raw sqlite3 inserts (one transaction each) of the same number of
            events, and the ratio.
 - stores:  the fan-out (local children only) on SQLite with one process beside PostgreSQL
@@ -252,6 +252,8 @@ def bench_fanout(root: Path, n: int) -> dict[str, Any]:
             "cpuSecondsPerTask": round(used["cpuSeconds"] / n, 4),
             # The background commands' wrappers (two `sh` each), on the same 2 cores.
             "commandCpuSecondsPerTask": round(used["childCpuSeconds"] / n, 4),
+            # What both servers wrote to files (the store's log and checkpoints, pid files).
+            "kibWrittenPerTask": round(used["bytesWritten"] / n / 1024, 1),
             "baselineRawInsertsSeconds": round(raw, 3),
             "ratioOverBaseline": round(elapsed / raw, 1),
         }
@@ -261,10 +263,11 @@ def bench_fanout(root: Path, n: int) -> dict[str, Any]:
 
 
 def _stats(server: Server) -> dict[str, float]:
-    """Transactions, events and CPU seconds of one server so far (both environments' work
-    counts: the remote half runs in the peer)."""
+    """Transactions, events, CPU seconds and bytes written of one server so far (both
+    environments' work counts: the remote half runs in the peer); a count the platform
+    does not keep (null) reads as 0."""
     with server.client() as client:
-        return client.get("/api/stats").json()
+        return {key: value or 0 for key, value in client.get("/api/stats").json().items()}
 
 
 def _fanout_on(servers: list[Server], n: int) -> dict[str, Any]:

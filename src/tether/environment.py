@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tether import __version__
 from tether.config import default_deadline_ms, load_config, section
 from tether.engine.port import Services
@@ -117,6 +119,9 @@ class Environment:
             # Background commands' wrappers (and any other child) once reaped: on a small
             # machine they compete with the server for the same cores.
             "childCpuSeconds": round(_children_cpu(), 3),
+            # What it wrote to files (the store's log and its checkpoints, the commands'
+            # pid files); None where the platform does not count it.
+            "bytesWritten": _bytes_written(),
         }
 
     async def start(self) -> None:
@@ -135,6 +140,15 @@ class Environment:
             return None
         _, token = self.tokens.mint(label, "thread", thread_id, ttl_seconds)
         return f"{self.base_url}/mcp", token
+
+
+def _bytes_written() -> int | None:
+    read = getattr(psutil.Process(), "io_counters", None)  # not on macOS
+    try:
+        counters = read() if read is not None else None
+    except psutil.Error:
+        return None
+    return None if counters is None else int(getattr(counters, "write_chars", counters.write_bytes))
 
 
 def _children_cpu() -> float:
