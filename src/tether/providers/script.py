@@ -242,7 +242,7 @@ class ScriptProvider:
 
     async def _task_status(self, turn: Turn, action: dict, context: _Context, state: dict, key: str) -> None:
         ref = action["task_status"]
-        view = await turn.tools.task_status(turn.caller, taskId=state["ids"].get(ref, ref))
+        view = await turn.tools.task_status(turn.caller, taskId=_task_ref(state, ref))
         _remember(context, view, ref)
 
     async def _thread_send(self, turn: Turn, action: dict, context: _Context, state: dict, key: str) -> None:
@@ -250,7 +250,7 @@ class ScriptProvider:
         thread, environment = spec.get("thread", ""), spec.get("environment")
         if thread.startswith("child:"):
             ref = thread.removeprefix("child:")
-            view = await turn.tools.task_status(turn.caller, taskId=state["ids"].get(ref, ref))
+            view = await turn.tools.task_status(turn.caller, taskId=_task_ref(state, ref))
             thread, environment = view["childThreadId"], environment or view["childEnvironmentId"]
         await turn.tools.thread_send(
             turn.caller,
@@ -272,6 +272,14 @@ def _copy(state: dict[str, Any]) -> dict[str, Any]:
     containers (never change a value in place), so copying each container is enough — and
     far cheaper than encoding a state that holds a thousand task ids after every action."""
     return {key: value.copy() if isinstance(value, dict | list) else value for key, value in state.items()}
+
+
+def _task_ref(state: dict[str, Any], ref: str) -> str:
+    """What names task ``ref`` to the task tools: the ref itself (a task id, or the label a
+    ``delegate`` gave it), or — in a state kept before tasks had labels — the task id
+    recorded for it. Only a task id counts: a command's id may share the ref."""
+    recorded = state["ids"].get(ref)
+    return recorded if isinstance(recorded, str) and recorded.startswith("tsk_") else ref
 
 
 def _remember(context: _Context, view: dict[str, Any], ref: str | None) -> None:
