@@ -10,6 +10,7 @@ from pydantic import Field
 
 from tether.api.auth import caller, environment_dependency
 from tether.api.models import LinkRequest, LinkTokenRequest, _Body
+from tether.engine.delegation import Handover
 from tether.engine.tokens import token_view
 from tether.environment import Environment
 from tether.errors import Forbidden, TetherError
@@ -79,29 +80,30 @@ class AcceptTasks(_Body):
 @router.post("/api/tasks", status_code=201, tags=["tasks"])
 async def accept_task(body: AcceptTask, who: Who, env: Env) -> dict[str, Any]:
     """A linked environment hands us a task: we create its child thread here."""
-    return _accept(env, who, body)
+    return env.commands.accept_task(who, _handover(body))
 
 
 @router.post("/api/tasks/batch", tags=["tasks"])
 async def accept_tasks(body: AcceptTasks, who: Who, env: Env) -> dict[str, Any]:
     """Several tasks handed over in one request (an origin pushing many at once): each is
-    accepted exactly as by ``POST /api/tasks``, in its own transaction, and answered on its
-    own — ``{taskId, status: 201, task}`` or ``{taskId, status, error}`` — in order."""
-    return {"results": [_accepted(env, who, task) for task in body.tasks]}
+    accepted exactly as by ``POST /api/tasks`` and answered on its own — ``{taskId,
+    status: 201, task}`` or ``{taskId, status, error}`` — in order. All in one transaction
+    unless one is refused (``Delegation.accept_tasks``)."""
+    answers = env.commands.accept_tasks(who, [_handover(task) for task in body.tasks])
+    pairs = zip(body.tasks, answers, strict=True)
+    return {"results": [_result(task.taskId, answer) for task, answer in pairs]}
 
 
-def _accepted(env: Environment, who: Caller, body: AcceptTask) -> dict[str, Any]:
-    try:
-        return {"taskId": body.taskId, "status": 201, "task": _accept(env, who, body)}
-    except TetherError as error:
-        return {"taskId": body.taskId, "status": error.status, "error": error.to_dict()}
+def _result(task_id: str, answer: dict[str, Any] | TetherError) -> dict[str, Any]:
+    if isinstance(answer, TetherError):
+        return {"taskId": task_id, "status": answer.status, "error": answer.to_dict()}
+    return {"taskId": task_id, "status": 201, "task": answer}
 
 
-def _accept(env: Environment, who: Caller, body: AcceptTask) -> dict[str, Any]:
-    return env.commands.accept_task(
-        who,
-        body.taskId,
-        body.task,
+def _handover(body: AcceptTask) -> Handover:
+    return Handover(
+        task_id=body.taskId,
+        text=body.task,
         origin=body.origin,
         provider=body.provider,
         title=body.title,

@@ -61,6 +61,7 @@ class Commands(Units):
         self.delegate = self.delegation.delegate
         self.delegate_remote = self.delegation.delegate_remote
         self.accept_task = self.delegation.accept_task
+        self.accept_tasks = self.delegation.accept_tasks
         self.end_wait = self.delegation.end_wait
         self.deadline_due = self.delegation.deadline_due
         self.start_process = self.background.start_process
@@ -221,8 +222,10 @@ class Commands(Units):
         defer it. Deferred writes never end runs, so the snapshot needs no flush."""
         with self.store.read() as reader:
             u = View(reader, self.environment_id)
-            access.run_guard(u, caller.run_id)
-            if not u.count(Thread, id=caller.thread_id or ""):  # no need to decode it
+            run = access.run_guard(u, caller.run_id)
+            # A run's thread exists (records are never deleted); else count, not decode, it.
+            known = run is not None and run.thread_id == caller.thread_id
+            if not known and not u.count(Thread, id=caller.thread_id or ""):
                 raise NotFound(f"no thread with id {caller.thread_id!r}")
         self.later(write)
 

@@ -8,6 +8,8 @@ pusher from the task's durable ``remote_pending`` mark, until the peer answers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tether.domain import access as rules
@@ -20,9 +22,23 @@ from tether.engine.kernel import cancel, settle
 from tether.engine.unit import Unit
 from tether.engine.units import Units
 from tether.engine.writes import message, new_thread, post, queue, save_task, task_item
-from tether.errors import Conflict, Forbidden, Invalid
+from tether.errors import Conflict, Forbidden, Invalid, TetherError
 from tether.ids import new_id
 from tether.types import Caller
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A task a linked environment hands us (``POST /api/tasks``), under its own id."""
+
+    task_id: str
+    text: str
+    origin: dict[str, Any]
+    provider: str | None = None
+    title: str | None = None
+    hold: bool = True
+    mode: str = "async"
+    model: str | None = None
 
 
 class Delegation:
@@ -123,48 +139,62 @@ class Delegation:
         post(u, child, text, source, Trigger.TASK)
         return child
 
-    def accept_task(
-        self,
-        caller: Caller,
-        task_id: str,
-        text: str,
-        *,
-        origin: dict[str, Any],
-        provider: str | None = None,
-        title: str | None = None,
-        hold: bool = True,
-        mode: str = "async",
-        model: str | None = None,
-    ) -> dict[str, Any]:
+    def accept_task(self, caller: Caller, handover: Handover) -> dict[str, Any]:
         """Destination side of a remote delegation: the child thread, fenced to the link
         token, with the task under the origin's id. Idempotent on that id (G9)."""
+        self._check_handover(caller, handover)
+        return self.units.once(caller, "accept_task", handover.task_id, self._accepting(caller, handover))
+
+    def accept_tasks(self, caller: Caller, handovers: list[Handover]) -> list[dict[str, Any] | TetherError]:
+        """Several handovers (an origin pushing a batch), each as by ``accept_task`` and
+        answered on its own: its task's view or why it was refused. All in one transaction,
+        the usual case; if any is refused, each in its own, so that a refusal takes
+        nothing from the others (and each answer is what ``accept_task`` would give)."""
+        try:
+            for handover in handovers:
+                self._check_handover(caller, handover)
+            calls = [(h.task_id, self._accepting(caller, h)) for h in handovers]
+            return list(self.units.once_each(caller, "accept_task", calls))
+        except TetherError:
+            return [self._accept_or_refuse(caller, handover) for handover in handovers]
+
+    def _accept_or_refuse(self, caller: Caller, handover: Handover) -> dict[str, Any] | TetherError:
+        try:
+            return self.accept_task(caller, handover)
+        except TetherError as error:
+            return error
+
+    def _check_handover(self, caller: Caller, handover: Handover) -> None:
         if caller.kind != "link":
             raise Forbidden("only a link token can hand this environment a task")
-        access.check_origin(origin, self.units.environment_id)
+        access.check_origin(handover.origin, self.units.environment_id)
+
+    def _accepting(self, caller: Caller, handover: Handover) -> Callable[[Unit], dict[str, Any]]:
+        origin = handover.origin
 
         def body(u: Unit) -> dict[str, Any]:
-            existing = u.load(Task, task_id)
+            existing = u.load(Task, handover.task_id)
             if existing is not None:
                 child = u.load(Thread, existing.child_thread_id)
                 if child is None or not access.visible(u, caller, child):
-                    raise Forbidden(f"task id {task_id!r} is not available to this token")
-                raise Conflict(f"task {task_id!r} already exists")
+                    raise Forbidden(f"task id {handover.task_id!r} is not available to this token")
+                raise Conflict(f"task {handover.task_id!r} already exists")
             record = Task(
-                id=task_id,
+                id=handover.task_id,
                 parent_environment_id=origin["environmentId"],
                 parent_thread_id=origin["threadId"],
                 child_environment_id=self.units.environment_id,
                 child_thread_id="",
                 created_at=u.at,
-                title=title,
-                mode=mode,
-                hold=hold,
+                title=handover.title,
+                mode=handover.mode,
+                hold=handover.hold,
             )
-            chosen = provider or tasks.default_provider(text, "script")
-            self.open_child(u, record, text, chosen, caller.token_id, origin, model)
+            chosen = handover.provider or tasks.default_provider(handover.text, "script")
+            self.open_child(u, record, handover.text, chosen, caller.token_id, origin, handover.model)
             return task_view(record)
 
-        return self.units.once(caller, "accept_task", task_id, body)
+        return body
 
     def end_wait(self, task_id: str) -> dict[str, Any] | None:
         """A wait-mode call stops waiting. Terminal: it takes the result (no wake, G3).

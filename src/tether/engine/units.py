@@ -97,14 +97,16 @@ class Units:
     ) -> dict[str, Any]:
         """Run ``body`` in one unit, at most once per (caller, ``name``, ``key``) (G9)."""
         with self.unit() as u:
-            if key:
-                seen = u.tx.get_request(caller.scope, f"{name}:{key}")
-                if seen is not None:
-                    return seen
-            result = body(u)
-            if key:
-                u.tx.put_request(caller.scope, f"{name}:{key}", result)
-            return result
+            return _once_in(u, caller, name, key, body)
+
+    def once_each(
+        self, caller: Caller, name: str, calls: list[tuple[str, Callable[[Unit], dict[str, Any]]]]
+    ) -> list[dict[str, Any]]:
+        """``once`` for several (key, body) calls in one unit, in order: all of them, or —
+        if any raises — none. One commit instead of one each, for a caller that can retry
+        them one by one when one is refused."""
+        with self.unit() as u:
+            return [_once_in(u, caller, name, key, body) for key, body in calls]
 
     def check_provider(self, name: str) -> None:
         if name not in self.providers:
@@ -170,3 +172,18 @@ class Units:
                 log.exception("a deferred write failed and was dropped")
                 deferred.remove(write)
                 raise
+
+
+def _once_in(
+    u: Unit, caller: Caller, name: str, key: str | None, body: Callable[[Unit], dict[str, Any]]
+) -> dict[str, Any]:
+    """``body`` in the unit ``u``, unless (caller, ``name``, ``key``) ran before: then what
+    it answered then. The answer is kept in the same transaction as what it did."""
+    if key:
+        seen = u.tx.get_request(caller.scope, f"{name}:{key}")
+        if seen is not None:
+            return seen
+    result = body(u)
+    if key:
+        u.tx.put_request(caller.scope, f"{name}:{key}", result)
+    return result

@@ -7,13 +7,16 @@ and the test ends them with ``end_run`` or acts during them as the thread. The
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from tether_world import World
 
 from tether.domain import tasks as task_rules
 from tether.domain.records import Item, Message, Run, Task, Thread
 from tether.domain.types import Delivery, ItemKind, ItemStatus, RunStatus, TaskStatus, Trigger, WorkState
-from tether.errors import Conflict, Invalid, NotFound
+from tether.engine.delegation import Handover
+from tether.errors import Conflict, Forbidden, Invalid, NotFound, TetherError
 from tether.types import ADMIN, Caller
 
 
@@ -932,6 +935,42 @@ def test_g9_delegate_is_idempotent(world: World) -> None:
     world.end(parent_id, "done")
     assert world.commands.delegate(caller, "job", provider="script", client_request_id="d1") == first
     assert count(world, Task) == 1 and count(world, Thread) == 2
+
+
+def _handovers(*ids: str) -> list[Handover]:
+    origin = {"environmentId": "env_origin", "threadId": "thr_origin"}
+    return [Handover(task_id=i, text="job", origin={**origin, "taskId": i}, provider="script") for i in ids]
+
+
+def _views(answers: list[dict[str, Any] | TetherError]) -> list[dict[str, Any]]:
+    """The task views of accepted handovers (every one of them must be)."""
+    assert all(isinstance(a, dict) for a in answers), answers
+    return [a for a in answers if isinstance(a, dict)]
+
+
+def test_g9_a_batch_of_handovers_is_one_commit_and_idempotent(world: World) -> None:
+    """A pushed batch is accepted in one transaction; asked again, each answer is the
+    first one and nothing changes."""
+    link = Caller("link", token_id="tok_1")
+    first = _views(world.commands.accept_tasks(link, _handovers("tsk_b0", "tsk_b1", "tsk_b2")))
+    assert world.commits == 1
+    assert [a["taskId"] for a in first] == ["tsk_b0", "tsk_b1", "tsk_b2"]
+    assert len({a["childThreadId"] for a in first}) == 3
+    before = world.dump()
+    assert world.commands.accept_tasks(link, _handovers("tsk_b0", "tsk_b1", "tsk_b2")) == first
+    assert world.dump() == before
+
+
+def test_g9_a_refused_handover_takes_nothing_from_the_rest_of_its_batch(world: World) -> None:
+    """One refusal in a batch: the others are accepted each on its own, and the refused
+    one is answered with its error, as alone."""
+    link, stranger = Caller("link", token_id="tok_1"), Caller("link", token_id="tok_2")
+    [theirs] = _views(world.commands.accept_tasks(stranger, _handovers("tsk_theirs")))
+    answers = world.commands.accept_tasks(link, _handovers("tsk_c0", "tsk_theirs", "tsk_c1"))
+    assert isinstance(answers[1], Forbidden)
+    assert [a["taskId"] for a in _views([answers[0], answers[2]])] == ["tsk_c0", "tsk_c1"]
+    assert world.task("tsk_theirs").child_thread_id == theirs["childThreadId"]
+    assert {t.id for t in world.all_tasks()} == {"tsk_theirs", "tsk_c0", "tsk_c1"}
 
 
 def test_g9_a_refused_request_is_not_remembered(world: World) -> None:

@@ -28,15 +28,23 @@ def title(store: SQLiteStore, key: str) -> str | None:
     return None if record is None else (record.title or "")
 
 
+def fence(store: SQLiteStore, key: str) -> str | None:
+    """The column read alone (``value``): answered from the cache once the row is held."""
+    with store.read() as reader:
+        return reader.value(Thread, key, "token_id")
+
+
 def test_a_commit_by_another_connection_is_read(tmp_path: Path) -> None:
     ours, other = SQLiteStore(tmp_path / "t.db"), SQLiteStore(tmp_path / "t.db")
     try:
         with ours.transaction() as tx:
             tx.put(thread("thr_1", title="ours"))
         assert title(ours, "thr_1") == "ours"  # now held
+        assert fence(ours, "thr_1") is None
         with other.transaction() as tx:
-            tx.put(thread("thr_1", title="theirs"))
+            tx.put(thread("thr_1", title="theirs", token_id="tok_theirs"))
         assert title(ours, "thr_1") == "theirs"
+        assert fence(ours, "thr_1") == "tok_theirs"
     finally:
         other.close()
         ours.close()
@@ -76,12 +84,14 @@ def test_reads_by_key_match_a_model_of_what_committed(steps: list[tuple[str, str
             for action, key, text, commits in steps:
                 if action == "read":
                     assert title(ours, key) == model.get(key)
+                    assert fence(ours, key) == _token(model.get(key) or "")
                     continue
                 store = ours if action == "put" else other
                 try:
                     with store.transaction() as tx:
                         tx.put(thread(key, token_id=_token(text), title=text))
                         assert tx.get(Thread, key).title == text  # its own put, read back
+                        assert tx.value(Thread, key, "token_id") == _token(text)
                         if not commits:
                             raise Boom
                 except Boom:

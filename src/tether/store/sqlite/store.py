@@ -98,6 +98,9 @@ class _SQLiteReader(Reader):
         table = TABLES[cls]
         if column not in table.columns:
             raise ValueError(f"{table.name} has no column {column}")
+        stored = self._stored(table.name, key)
+        if stored is not None:  # its columns are kept beside its JSON: no statement
+            return stored.columns[table.columns.index(column)]
         sql = f"SELECT {column} FROM {table.name} WHERE {table.key} = ?"
         row = self._conn.execute(sql, (key,)).fetchone()
         return row[0] if row else None
