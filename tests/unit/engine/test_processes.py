@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +20,14 @@ from typing import Any
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tether.domain.records import Item
 from tether.domain.types import ItemKind
 from tether.engine.processes import ProcessBackend, ProcessManager, choose_backend
 from tether.engine.processes.base import read_status
+from tether.engine.processes.linux import plain_words
 from tether.ids import now
 
 TIMEOUT = 20.0
@@ -314,3 +318,67 @@ def test_backend_names_per_platform(monkeypatch: Any) -> None:
         choose_backend("linux", platform="darwin")
     with pytest.raises(ValueError, match="expected"):
         choose_backend("kqueue")
+
+
+# ---------------------------------------------------------------------- plain words (Linux)
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        ("true", ["true"]),
+        ("  pytest -q tests/  ", ["pytest", "-q", "tests/"]),
+        ("./run.sh --n=2 a,b me@host:1 50% +x", ["./run.sh", "--n=2", "a,b", "me@host:1", "50%", "+x"]),
+        ("cd /tmp", ["cd", "/tmp"]),  # a regular builtin: it changes nothing after it
+        # everything else keeps ``sh -c``:
+        ("", None),
+        (" \t", None),
+        ("true\nfalse", None),  # two commands
+        ("true; false", None),
+        ("echo $HOME", None),
+        ("ls *.py", None),
+        ("echo 'a b'", None),
+        ("echo a\\ b", None),
+        ("echo hi > out", None),
+        ("a | b", None),
+        ("sleep 1 &", None),
+        ("ls ~", None),
+        ("echo # not a comment here", None),
+        ("FOO=1 env", None),  # an assignment before the command
+        ("exit 3", None),  # would end the wrapper before it records the status
+        ("exec sleep 9", None),  # would replace the wrapper
+        ("trap true TERM", None),
+        ("set -e", None),
+        (". ./env", None),
+        ("if true", None),  # syntax
+        ("echo héllo", None),  # not ASCII: left to the shell
+    ],
+)
+def test_plain_words_are_only_what_sh_would_run_as_those_words(command: str, words: list[str] | None) -> None:
+    assert plain_words(command) == words
+
+
+_FIRST = st.sampled_from(
+    ["echo", "printf", "true", "false", "/bin/echo", "ls", "test", "cd", "pwd", "wc", "sh", "no-such-command",
+     "exit", "exec", "umask", "command", "type"]
+)
+_ARG = st.sampled_from(["-n", "a", "b=c", "/nonexistent", "-1", "x,y", "3", "%s", "--", "-c", "-e", "0"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(words=st.lists(_ARG, max_size=3), first=_FIRST, separator=st.sampled_from([" ", "\t", "  "]))
+def test_a_plain_command_runs_as_under_sh_c(first: str, words: list[str], separator: str) -> None:
+    """Whichever way the wrapper runs a command — itself, for plain words, or through
+    ``sh -c`` — its output and exit status are what ``sh -c`` alone gives."""
+    command = separator.join([first, *words])
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        (root / "proc").mkdir()
+        expected = subprocess.run(
+            ["sh", "-c", command], cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, check=False,
+        )
+        pid = choose_backend("linux").spawn(root / "proc", command, root)
+        _reap(pid)
+        assert (root / "proc" / "out").read_bytes() == expected.stdout, command
+        assert read_status(root / "proc")[1] == expected.returncode, command

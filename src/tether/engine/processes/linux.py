@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -24,6 +25,40 @@ from tether.engine.processes.base import DEVNULL, ProcessBackend
 #: (its pidfd, or a restart that finds it gone), and ``echo`` appends it in one ``write``.
 #: A wrapper killed before that leaves no status: the item ends ``lost``.
 _WRAPPER = 'sh -c "$1" > "$2/out" 2>&1 < /dev/null; echo "exit $?" >> "$2/pid"'
+#: The same for a command of plain words (``plain_words``), run by the wrapper itself: no
+#: second ``sh`` to exec, which was half of such a command's CPU (0.7 of 1.4 ms for
+#: ``true`` here). Its ``$0`` is ``sh``, so that "not found" reads as from ``sh -c``.
+_WRAPPER_PLAIN = 'd=$1; shift; "$@" > "$d/out" 2>&1 < /dev/null; echo "exit $?" >> "$d/pid"'
+
+#: What a plain word is made of: nothing the shell would quote, expand, split, glob,
+#: redirect or separate on (only blanks between words; no newline, ``;``, ``$``, quotes).
+_PLAIN = re.compile(r"[ \tA-Za-z0-9_./:,@%+=-]*")
+#: First words that must keep their own shell: a special builtin can end or change the
+#: shell it runs in (``exit``, ``exec``, ``trap``, ``set`` ...), and a reserved word is
+#: syntax, not a command.
+_OWN_SHELL = frozenset(
+    {
+        # special builtins
+        ".", ":", "break", "continue", "eval", "exec", "exit", "export", "readonly",
+        "return", "set", "shift", "times", "trap", "unset",
+        # reserved words
+        "case", "do", "done", "elif", "else", "esac", "fi", "for", "if", "in", "then",
+        "until", "while",
+    }
+)
+
+
+def plain_words(command: str) -> list[str] | None:
+    """The command's words if it is one simple command of plain words, which ``sh -c``
+    would run as exactly those arguments and nothing else: then the wrapper runs them
+    itself. None for anything else (which ``sh -c`` runs as before): shell syntax, an
+    assignment before the command, a special builtin or a reserved word."""
+    if not _PLAIN.fullmatch(command):
+        return None
+    words = command.split()
+    if not words or "=" in words[0] or words[0] in _OWN_SHELL:
+        return None
+    return words
 
 
 def pidfd_works() -> bool:
@@ -39,8 +74,13 @@ class LinuxBackend(ProcessBackend):
     name = "linux"
 
     def spawn(self, directory: Path, command: str, cwd: Path) -> int:
+        words = plain_words(command)
+        if words is None:
+            argv = ["/bin/sh", "-c", _WRAPPER, "tether-wrap", command, str(directory)]
+        else:
+            argv = ["/bin/sh", "-c", _WRAPPER_PLAIN, "sh", str(directory), *words]
         process = subprocess.Popen(
-            ["/bin/sh", "-c", _WRAPPER, "tether-wrap", command, str(directory)],
+            argv,
             cwd=cwd,
             **DEVNULL,
             **self.group_options(),
