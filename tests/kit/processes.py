@@ -11,29 +11,29 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-from tether.engine.processes.base import read_status
+from tether.engine.processes.base import CommandFiles, command_files, read_status
 from tether.launch import Server
 
 
-def item_dir(server: Server, item_id: str) -> Path:
-    return server.data / "proc" / item_id
+def item_files(server: Server, item_id: str) -> CommandFiles:
+    return command_files(server.data / "proc", item_id)
 
 
 def wrapper_pid(server: Server, item_id: str) -> int:
     """The pid of the wrapper of a background item (its process group leader)."""
-    pid = read_status(item_dir(server, item_id))[0]
+    pid = read_status(item_files(server, item_id))[0]
     assert pid is not None, f"no pid recorded for {item_id}"
     return pid
 
 
 def recorded_pid(server: Server, item_id: str) -> int | None:
     """The wrapper's pid once it is recorded (None before)."""
-    return read_status(item_dir(server, item_id))[0]
+    return read_status(item_files(server, item_id))[0]
 
 
 def recorded_exit(server: Server, item_id: str) -> int | None:
     """The exit status the wrapper recorded (None while it runs, or if it recorded none)."""
-    return read_status(item_dir(server, item_id))[1]
+    return read_status(item_files(server, item_id))[1]
 
 
 def await_exit(pid: int, timeout: float = 30.0) -> None:
@@ -71,14 +71,17 @@ def reap(pid: int) -> None:
 
 def leftover_wrappers(data: Path) -> Iterator[int]:
     """Pids of background wrappers of the environment at ``data`` that still run."""
-    proc = data / "proc"
-    if not proc.is_dir():
-        return
-    for pid_file in proc.glob("*/pid"):
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(pid_file.read_text().strip())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if str(pid_file.parent).encode() in cmdline:  # ours, not a recycled pid
+    yield from live_wrappers(data / "proc")
+
+
+def live_wrappers(proc: Path) -> Iterator[int]:
+    """Pids of the wrappers whose files are in ``proc`` that still run: each has its output
+    file on its command line (a recycled pid does not)."""
+    for pid_file in proc.glob("*.pid"):
+        files = command_files(proc, pid_file.stem)
+        pid = read_status(files)[0]
+        with contextlib.suppress(OSError):
+            if pid is not None and str(files.out).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                 yield pid
 
 

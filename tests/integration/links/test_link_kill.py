@@ -27,6 +27,7 @@ from linkkit import (
 )
 
 from kit import (
+    leftover_wrappers,
     link,
     new_thread,
     poll,
@@ -273,9 +274,9 @@ def unreaped(tmp_path: Path) -> Iterator[UnreapedServer]:
         yield server.start()
     finally:
         server.close()
-        for pid_file in (server.data / "proc").glob("*/pid"):
-            with contextlib.suppress(ValueError, OSError):
-                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+        for pid in leftover_wrappers(server.data):
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def test_destination_restart_does_not_adopt_a_zombie(up: dict[str, Server], unreaped: UnreapedServer) -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from tether import private
 from tether.engine.processes import LinuxBackend, PortableBackend, portable, wrapper
+from tether.engine.processes.base import command_files
 from tether.probes import shell_commands
 
 TIMEOUT = 20.0
@@ -79,10 +80,12 @@ def test_windows_wrapper_starts_in_a_new_process_group_without_sessions(
     monkeypatch.setattr(portable.subprocess, "Popen", popen)
     monkeypatch.setattr(sys, "_base_executable", "C:\\Python312\\python.exe", raising=False)
 
-    assert windows().spawn(tmp_path, "dir /b", tmp_path) == 4242
+    files = command_files(tmp_path, "itm_1")
+    assert windows().spawn(files, "dir /b", tmp_path) == 4242
 
     [(args, kwargs)] = popen.calls
-    assert args[0] == ["C:\\Python312\\python.exe", "-I", "-S", wrapper.__file__, str(tmp_path), "dir /b"]
+    python = "C:\\Python312\\python.exe"
+    assert args[0] == [python, "-I", "-S", wrapper.__file__, str(files.out), str(files.exit), "dir /b"]
     assert kwargs["creationflags"] == portable.CREATE_NEW_PROCESS_GROUP | portable.CREATE_NO_WINDOW
     assert "start_new_session" not in kwargs, "POSIX sessions do not exist on Windows"
 
@@ -154,7 +157,7 @@ def test_windows_token_file_is_restricted_before_the_secret_is_written(
 def test_macos_wrapper_gets_its_own_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     popen = Captured(SimpleNamespace(pid=4243))
     monkeypatch.setattr(portable.subprocess, "Popen", popen)
-    macos().spawn(tmp_path, "echo hi", tmp_path)
+    macos().spawn(command_files(tmp_path, "itm_1"), "echo hi", tmp_path)
     [(args, kwargs)] = popen.calls
     assert args[0][0] == sys.executable and kwargs["start_new_session"] is True
     assert "creationflags" not in kwargs

@@ -23,10 +23,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kit import live_wrappers
 from tether.domain.records import Item
 from tether.domain.types import ItemKind
 from tether.engine.processes import ProcessBackend, ProcessManager, choose_backend
-from tether.engine.processes.base import read_status
+from tether.engine.processes.base import command_files, read_status
 from tether.engine.processes.linux import plain_words
 from tether.ids import now
 
@@ -66,11 +67,8 @@ async def manager(tmp_path: Path, backend: ProcessBackend) -> AsyncIterator[tupl
     found = ProcessManager(tmp_path / "proc", workspace, reports.on_lines, reports.on_exit, backend)
     yield found, reports
     await found.close()
-    for pid_file in (tmp_path / "proc").glob("*/pid"):  # a failed test leaves no command running
-        with contextlib.suppress(psutil.NoSuchProcess, ValueError):
-            wrapper = psutil.Process(int(pid_file.read_text()))
-            if str(pid_file.parent) in wrapper.cmdline():  # ours, not a reused pid
-                backend.kill_tree(wrapper.pid)
+    for pid in live_wrappers(tmp_path / "proc"):  # a failed test leaves no command running
+        backend.kill_tree(pid)
 
 
 def item(kind: ItemKind, command: str) -> Item:
@@ -199,12 +197,12 @@ async def test_exit_status_is_recorded_durably(manager: tuple[ProcessManager, Re
     processes, reports = manager
     command = item(ItemKind.COMMAND, "sleep 0.2; kill -9 $$")
     pid, _ = processes.spawn(command)
-    assert read_status(processes.dir(command.id)) == (pid, None)
+    assert read_status(processes.files(command.id)) == (pid, None)
     processes.watch(command, pid)
     await asyncio.wait_for(reports.ended.wait(), TIMEOUT)
     assert reports.ends == [(137, [], None)]
-    assert read_status(processes.dir(command.id)) == (pid, 137)
-    assert {path.name for path in processes.dir(command.id).iterdir()} <= {"pid", "out", "exit"}
+    assert read_status(processes.files(command.id)) == (pid, 137)
+    assert {path.name for path in processes.root.iterdir()} <= {"itm_1.pid", "itm_1.out", "itm_1.exit"}
 
 
 async def test_a_command_that_ends_before_its_pid_is_recorded_keeps_both(
@@ -218,7 +216,7 @@ async def test_a_command_that_ends_before_its_pid_is_recorded_keeps_both(
         command.id = f"itm_{n}"
         pid, _ = processes.spawn(command)
         await asyncio.to_thread(_reap, pid)
-        assert read_status(processes.dir(command.id)) == (pid, 3)
+        assert read_status(processes.files(command.id)) == (pid, 3)
         assert processes.fate(command) == ("exited", 3)
 
 
@@ -238,13 +236,19 @@ def _reap(pid: int) -> None:
         ("", "", (None, None)),
     ],
 )
+@pytest.mark.parametrize("older", [False, True], ids=["files", "older-directory"])
 def test_read_status_reads_either_order_and_either_file(
-    tmp_path: Path, pid_file: str, exit_file: str | None, expected: tuple[int | None, int | None]
+    tmp_path: Path, pid_file: str, exit_file: str | None, expected: tuple[int | None, int | None], older: bool
 ) -> None:
-    (tmp_path / "pid").write_text(pid_file)
+    """Also from the directory per command of an older tether (``ITEM/pid``, ``ITEM/exit``)."""
+    if older:
+        (tmp_path / "itm_1").mkdir()
+    files = command_files(tmp_path, "itm_1")
+    assert (files.pid.name == "pid") == older
+    files.pid.write_text(pid_file)
     if exit_file is not None:
-        (tmp_path / "exit").write_text(exit_file)
-    assert read_status(tmp_path) == expected
+        files.exit.write_text(exit_file)
+    assert read_status(files) == expected
 
 
 async def test_fate_tells_a_reused_pid_from_ours(
@@ -271,8 +275,8 @@ def test_a_pid_file_emptied_by_a_machine_crash_reads_as_lost(manager: tuple[Proc
     empty, and the command (gone with the machine) must read as lost, not fail the restart."""
     processes, _ = manager
     command = item(ItemKind.COMMAND, "")
-    processes.dir(command.id).mkdir(parents=True)
-    (processes.dir(command.id) / "pid").write_text("")
+    processes.root.mkdir(parents=True)
+    processes.files(command.id).pid.write_text("")
     assert processes.spawned_before(command.id)
     assert processes.fate(command) == ("lost", None)
 
@@ -283,11 +287,25 @@ def test_an_exit_file_left_empty_reads_as_lost(manager: tuple[ProcessManager, Re
     command reads as lost, never as an exit with some code."""
     processes, _ = manager
     command = item(ItemKind.COMMAND, "")
-    processes.dir(command.id).mkdir(parents=True)
-    (processes.dir(command.id) / "pid").write_text("999999999\n")  # no such process
-    (processes.dir(command.id) / "exit").write_text("")
+    processes.root.mkdir(parents=True)
+    processes.files(command.id).pid.write_text("999999999\n")  # no such process
+    processes.files(command.id).exit.write_text("")
     assert processes.exit_code(command.id) is None
     assert processes.fate(command) == ("lost", None)
+
+
+def test_a_command_an_older_tether_started_is_still_read(manager: tuple[ProcessManager, Reports]) -> None:
+    """An older tether kept a command's files in a directory of its own (``ITEM/pid``,
+    ``ITEM/out``): after an upgrade, a command that ended meanwhile still reads as ended
+    with its status, and its output is still found."""
+    processes, _ = manager
+    command = item(ItemKind.COMMAND, "")
+    (processes.root / command.id).mkdir(parents=True)
+    (processes.root / command.id / "pid").write_text("999999999\nexit 5\n")  # gone, with a status
+    (processes.root / command.id / "out").write_text("first\nlast\n")
+    assert processes.spawned_before(command.id)
+    assert processes.fate(command) == ("exited", 5)
+    assert processes.last_line(command.id) == "last"
 
 
 def test_a_zombie_is_not_running(backend: ProcessBackend) -> None:
@@ -372,13 +390,15 @@ def test_a_plain_command_runs_as_under_sh_c(first: str, words: list[str], separa
     ``sh -c`` — its output and exit status are what ``sh -c`` alone gives."""
     command = separator.join([first, *words])
     with tempfile.TemporaryDirectory() as scratch:
-        root = Path(scratch)
-        (root / "proc").mkdir()
+        root, cwd = Path(scratch) / "proc", Path(scratch) / "work"
+        root.mkdir()
+        cwd.mkdir()
+        files = command_files(root, "itm_1")
         expected = subprocess.run(
-            ["sh", "-c", command], cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            ["sh", "-c", command], cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, check=False,
         )
-        pid = choose_backend("linux").spawn(root / "proc", command, root)
+        pid = choose_backend("linux").spawn(files, command, cwd)
         _reap(pid)
-        assert (root / "proc" / "out").read_bytes() == expected.stdout, command
-        assert read_status(root / "proc")[1] == expected.returncode, command
+        assert files.out.read_bytes() == expected.stdout, command
+        assert read_status(files)[1] == expected.returncode, command

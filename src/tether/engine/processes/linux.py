@@ -15,20 +15,20 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tether.engine.processes.base import DEVNULL, ProcessBackend
+from tether.engine.processes.base import DEVNULL, CommandFiles, ProcessBackend
 
-#: The exit status is appended to the ``pid`` file as ``exit N`` (``base.read_status``):
+#: The exit status is appended to the pid file as ``exit N`` (``base.read_status``):
 #: no file of its own, for creating one cost a short command more CPU than anything else
 #: it did on a slow file system (0.3 to 0.6 ms here), and no temporary file and ``mv``
 #: either (an exec of coreutils, once half of its cost). It need not be atomic, since
 #: nothing reads it while the wrapper lives: tether reads it once the wrapper has ended
 #: (its pidfd, or a restart that finds it gone), and ``echo`` appends it in one ``write``.
 #: A wrapper killed before that leaves no status: the item ends ``lost``.
-_WRAPPER = 'sh -c "$1" > "$2/out" 2>&1 < /dev/null; echo "exit $?" >> "$2/pid"'
+_WRAPPER = 'sh -c "$1" > "$2" 2>&1 < /dev/null; echo "exit $?" >> "$3"'
 #: The same for a command of plain words (``plain_words``), run by the wrapper itself: no
 #: second ``sh`` to exec, which was half of such a command's CPU (0.7 of 1.4 ms for
 #: ``true`` here). Its ``$0`` is ``sh``, so that "not found" reads as from ``sh -c``.
-_WRAPPER_PLAIN = 'd=$1; shift; "$@" > "$d/out" 2>&1 < /dev/null; echo "exit $?" >> "$d/pid"'
+_WRAPPER_PLAIN = 'o=$1 p=$2; shift 2; "$@" > "$o" 2>&1 < /dev/null; echo "exit $?" >> "$p"'
 
 #: What a plain word is made of: nothing the shell would quote, expand, split, glob,
 #: redirect or separate on (only blanks between words; no newline, ``;``, ``$``, quotes).
@@ -73,12 +73,12 @@ def pidfd_works() -> bool:
 class LinuxBackend(ProcessBackend):
     name = "linux"
 
-    def spawn(self, directory: Path, command: str, cwd: Path) -> int:
+    def spawn(self, files: CommandFiles, command: str, cwd: Path) -> int:
         words = plain_words(command)
         if words is None:
-            argv = ["/bin/sh", "-c", _WRAPPER, "tether-wrap", command, str(directory)]
+            argv = ["/bin/sh", "-c", _WRAPPER, "tether-wrap", command, str(files.out), str(files.pid)]
         else:
-            argv = ["/bin/sh", "-c", _WRAPPER_PLAIN, "sh", str(directory), *words]
+            argv = ["/bin/sh", "-c", _WRAPPER_PLAIN, "sh", str(files.out), str(files.pid), *words]
         process = subprocess.Popen(
             argv,
             cwd=cwd,

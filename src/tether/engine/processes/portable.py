@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from tether.engine.processes import wrapper
-from tether.engine.processes.base import DEVNULL, ProcessBackend
+from tether.engine.processes.base import DEVNULL, CommandFiles, ProcessBackend
 
 #: How often an exit is looked for where no event source exists.
 POLL_INTERVAL = 0.1
@@ -57,9 +57,9 @@ class PortableBackend(ProcessBackend):
             return getattr(sys, "_base_executable", sys.executable)
         return sys.executable
 
-    def spawn(self, directory: Path, command: str, cwd: Path) -> int:
+    def spawn(self, files: CommandFiles, command: str, cwd: Path) -> int:
         process = subprocess.Popen(
-            [self._interpreter(), "-I", "-S", wrapper.__file__, str(directory), command],
+            [self._interpreter(), "-I", "-S", wrapper.__file__, str(files.out), str(files.exit), command],
             cwd=cwd,
             **DEVNULL,
             **self.group_options(),

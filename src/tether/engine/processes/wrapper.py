@@ -1,9 +1,9 @@
-"""The portable wrapper of one background command, run as ``python wrapper.py DIR COMMAND``.
+"""The portable wrapper of one background command: ``python wrapper.py OUT EXIT COMMAND``.
 
 Standard library only, and nothing of tether: the portable backend starts it with the
 interpreter in isolated mode. It runs COMMAND in the platform's shell (``/bin/sh -c`` on
-POSIX, ``%COMSPEC% /c`` — cmd.exe — on Windows) with its output in ``DIR/out``, and
-writes the exit status to ``DIR/exit`` atomically and durably when the command ends, so
+POSIX, ``%COMSPEC% /c`` — cmd.exe — on Windows) with its output in the file OUT, and
+writes the exit status to the file EXIT atomically and durably when the command ends, so
 tether learns it even if it was down at that moment. A status is the shell's: a command
 killed by signal N is 128 + N, as ``sh`` reports it.
 """
@@ -26,14 +26,14 @@ def write_atomic(path: str, text: str) -> None:
     os.replace(partial, path)
 
 
-def main(directory: str, command: str) -> int:
-    with open(os.path.join(directory, "out"), "wb") as out:
+def main(out_path: str, exit_path: str, command: str) -> int:
+    with open(out_path, "wb") as out:
         code = subprocess.call(
             command, shell=True, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
         )
-    write_atomic(os.path.join(directory, "exit"), str(128 - code if code < 0 else code))
+    write_atomic(exit_path, str(128 - code if code < 0 else code))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3]))
