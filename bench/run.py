@@ -26,8 +26,8 @@ and written to ``bench/results/latest.json``. Timings here are reports, never pa
            against the same servers idle (the driver is tests/stress/load.py).
 
 The servers' data goes under ``--scratch`` (default ``~/.cache``, where a user's data would
-be); the results say how fast that file system made a directory and a file in it
-(``scratchFileCreateMicros``), as every background command's start does.
+be); the results say how fast that file system made two files (``scratchFileCreateMicros``),
+as every background command's start does.
 """
 
 from __future__ import annotations
@@ -537,13 +537,13 @@ def bench_mixed(root: Path, seconds: float, parents: int) -> dict[str, Any]:
 
 
 def _file_create_micros(root: Path, n: int = 200) -> float:
-    """Median µs to make a directory and write a small file in it, as each background
-    command's start does (``proc/ITEM/pid``): how fast the scratch file system is."""
+    """Median µs to make the two files each background command's start makes
+    (``proc/ITEM.pid``, ``proc/ITEM.out``): how fast the scratch file system is."""
     samples = []
     for i in range(n):
         start = time.perf_counter()
-        (root / f"probe{i}").mkdir()
-        (root / f"probe{i}" / "pid").write_text("1\n")
+        (root / f"probe{i}.pid").write_text("1\n")
+        (root / f"probe{i}.out").write_bytes(b"")
         samples.append((time.perf_counter() - start) * 1e6)
     return round(statistics.median(samples), 1)
 
