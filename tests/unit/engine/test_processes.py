@@ -347,7 +347,7 @@ def test_backend_names_per_platform(monkeypatch: Any) -> None:
         ("true", ["true"]),
         ("  pytest -q tests/  ", ["pytest", "-q", "tests/"]),
         ("./run.sh --n=2 a,b me@host:1 50% +x", ["./run.sh", "--n=2", "a,b", "me@host:1", "50%", "+x"]),
-        ("cd /tmp", ["cd", "/tmp"]),  # a regular builtin: it changes nothing after it
+        ("read line", ["read", "line"]),  # a builtin that changes only a variable
         # everything else keeps ``sh -c``:
         ("", None),
         (" \t", None),
@@ -366,6 +366,12 @@ def test_backend_names_per_platform(monkeypatch: Any) -> None:
         ("exit 3", None),  # would end the wrapper before it records the status
         ("exec sleep 9", None),  # would replace the wrapper
         ("trap true TERM", None),
+        ("command exit 3", None),  # a special builtin, reached through another
+        ("source ./env", None),
+        ("ulimit -f 0", None),  # the wrapper could no longer write the status
+        ("umask 777", None),
+        ("cd /tmp", None),
+        ("function f", None),  # bash's syntax
         ("set -e", None),
         (". ./env", None),
         ("if true", None),  # syntax
@@ -378,9 +384,9 @@ def test_plain_words_are_only_what_sh_would_run_as_those_words(command: str, wor
 
 _FIRST = st.sampled_from(
     ["echo", "printf", "true", "false", "/bin/echo", "ls", "test", "cd", "pwd", "wc", "sh", "no-such-command",
-     "exit", "exec", "umask", "command", "type"]
+     "exit", "exec", "umask", "command", "type", "read", "getopts", "ulimit", "alias", "in", "for", "time"]
 )
-_ARG = st.sampled_from(["-n", "a", "b=c", "/nonexistent", "-1", "x,y", "3", "%s", "--", "-c", "-e", "0"])
+_ARG = st.sampled_from(["-n", "a", "b=c", "/nonexistent", "-1", "x,y", "3", "%s", "--", "-c", "-f", "0"])
 
 
 @settings(max_examples=40, deadline=None)
@@ -388,7 +394,21 @@ _ARG = st.sampled_from(["-n", "a", "b=c", "/nonexistent", "-1", "x,y", "3", "%s"
 def test_a_plain_command_runs_as_under_sh_c(first: str, words: list[str], separator: str) -> None:
     """Whichever way the wrapper runs a command — itself, for plain words, or through
     ``sh -c`` — its output and exit status are what ``sh -c`` alone gives."""
-    command = separator.join([first, *words])
+    _assert_runs_as_under_sh_c(separator.join([first, *words]))
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["exit 3", "command exit 4", "exec false", "ulimit -f 0", "umask 777", "cd /", "set -e",
+     "trap false EXIT", "shift 5", "alias echo=false", "if", "for x"],
+)
+def test_a_builtin_that_could_end_the_wrapper_runs_as_under_sh_c(command: str) -> None:
+    """The commands that would end the wrapper, or stop it recording the status, if it ran
+    them itself: each still ends as under ``sh -c``, its status recorded."""
+    _assert_runs_as_under_sh_c(command)
+
+
+def _assert_runs_as_under_sh_c(command: str) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         root, cwd = Path(scratch) / "proc", Path(scratch) / "work"
         root.mkdir()

@@ -27,23 +27,31 @@ from tether.engine.processes.base import DEVNULL, CommandFiles, ProcessBackend
 _WRAPPER = 'sh -c "$1" > "$2" 2>&1 < /dev/null; echo "exit $?" >> "$3"'
 #: The same for a command of plain words (``plain_words``), run by the wrapper itself: no
 #: second ``sh`` to exec, which was half of such a command's CPU (0.7 of 1.4 ms for
-#: ``true`` here). Its ``$0`` is ``sh``, so that "not found" reads as from ``sh -c``.
-_WRAPPER_PLAIN = 'o=$1 p=$2; shift 2; "$@" > "$o" 2>&1 < /dev/null; echo "exit $?" >> "$p"'
+#: ``true`` here). The words go into the script as they are — plain words read the same
+#: anywhere — and the files stay positional parameters, which no allowed builtin changes.
+#: Its ``$0`` is ``sh``, so that "not found" reads as from ``sh -c``.
+_WRAPPER_PLAIN = '{words} > "$1" 2>&1 < /dev/null; echo "exit $?" >> "$2"'
 
 #: What a plain word is made of: nothing the shell would quote, expand, split, glob,
 #: redirect or separate on (only blanks between words; no newline, ``;``, ``$``, quotes).
 _PLAIN = re.compile(r"[ \tA-Za-z0-9_./:,@%+=-]*")
-#: First words that must keep their own shell: a special builtin can end or change the
-#: shell it runs in (``exit``, ``exec``, ``trap``, ``set`` ...), and a reserved word is
-#: syntax, not a command.
+#: First words that keep their own shell, because run in the wrapper they could end it or
+#: change what its last step needs before it records the status: special builtins
+#: (``exit``, ``exec``, ``trap``, ``set`` ...) and the builtins that reach them or change
+#: the shell's directory, limits or parsing (``command exit``, ``source``, ``cd``,
+#: ``ulimit -f 0``, ``alias`` ...), of ``dash`` and of ``bash`` as ``sh``; and reserved
+#: words, which are syntax, not commands.
 _OWN_SHELL = frozenset(
     {
         # special builtins
         ".", ":", "break", "continue", "eval", "exec", "exit", "export", "readonly",
         "return", "set", "shift", "times", "trap", "unset",
-        # reserved words
-        "case", "do", "done", "elif", "else", "esac", "fi", "for", "if", "in", "then",
-        "until", "while",
+        # builtins that could end the wrapper or change its directory, limits or parsing
+        "alias", "builtin", "cd", "command", "enable", "logout", "popd", "pushd",
+        "shopt", "source", "suspend", "ulimit", "umask", "unalias",
+        # reserved words (bash's too)
+        "case", "coproc", "do", "done", "elif", "else", "esac", "fi", "for", "function",
+        "if", "in", "select", "then", "time", "until", "while",
     }
 )
 
@@ -52,7 +60,8 @@ def plain_words(command: str) -> list[str] | None:
     """The command's words if it is one simple command of plain words, which ``sh -c``
     would run as exactly those arguments and nothing else: then the wrapper runs them
     itself. None for anything else (which ``sh -c`` runs as before): shell syntax, an
-    assignment before the command, a special builtin or a reserved word."""
+    assignment before the command, a reserved word, or a builtin that could end or
+    change the wrapper (``_OWN_SHELL``)."""
     if not _PLAIN.fullmatch(command):
         return None
     words = command.split()
@@ -74,11 +83,12 @@ class LinuxBackend(ProcessBackend):
     name = "linux"
 
     def spawn(self, files: CommandFiles, command: str, cwd: Path) -> int:
+        out, pid = str(files.out.absolute()), str(files.pid.absolute())
         words = plain_words(command)
         if words is None:
-            argv = ["/bin/sh", "-c", _WRAPPER, "tether-wrap", command, str(files.out), str(files.pid)]
+            argv = ["/bin/sh", "-c", _WRAPPER, "tether-wrap", command, out, pid]
         else:
-            argv = ["/bin/sh", "-c", _WRAPPER_PLAIN, "sh", str(files.out), str(files.pid), *words]
+            argv = ["/bin/sh", "-c", _WRAPPER_PLAIN.format(words=" ".join(words)), "sh", out, pid]
         process = subprocess.Popen(
             argv,
             cwd=cwd,
