@@ -3,10 +3,10 @@
 Each command runs under a small wrapper, in its own process group, that writes the
 command's output to ``DATA/proc/ITEM.out`` and, when the command ends, its exit status;
 ``ITEM.pid`` holds the wrapper's pid, written as soon as it started (``CommandFiles``).
-Because those are files,
-tether learns how a command ended even if it ended while tether was down: on start it
-adopts live processes (checking when the pid started, so a reused pid is never mistaken
-for ours) and reads the exit status of the ones that finished (``read_status``).
+Because those are files, tether learns how a command ended even if it ended while tether
+was down: on start it adopts live processes (checking when the pid started, so a reused
+pid is never mistaken for ours) and reads the exit status of the ones that finished
+(``read_status``).
 
 What differs per platform — how the wrapper is started, how a pid's start is told apart,
 how an exit is noticed, how a tree is killed, which shell runs a command — is a
