@@ -959,6 +959,8 @@ def test_g9_a_batch_of_handovers_is_one_commit_and_idempotent(world: World) -> N
     before = world.dump()
     assert world.commands.accept_tasks(link, _handovers("tsk_b0", "tsk_b1", "tsk_b2")) == first
     assert world.dump() == before
+    twice = _views(world.commands.accept_tasks(link, _handovers("tsk_b3", "tsk_b3")))  # one batch
+    assert twice[0] == twice[1] and len(world.tasks_of_child(twice[0]["childThreadId"])) == 1
 
 
 def test_g9_a_refused_handover_takes_nothing_from_the_rest_of_its_batch(world: World) -> None:
