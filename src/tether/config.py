@@ -19,7 +19,7 @@ model = "gpt-5.5"
 api_key_env = "CODEX_API_KEY"
 
 [events]
-retention_days = 7
+retention_days = 7            # events, and ended background commands' files (DATA/proc)
 
 [tasks]
 default_deadline_ms = 3600000  # every task delegated from here without a deadline gets this one

@@ -406,11 +406,26 @@ class Runtime:
     # ------------------------------------------------------------------ retention (G7)
 
     async def _prune(self) -> None:
-        """Drop events past the retention period, hourly. Until then a peer that was away
-        can resume its feed from any cursor it acknowledged."""
+        """Drop events past the retention period, hourly: until then a peer that was away
+        can resume its feed from any cursor it acknowledged. Background commands' files go
+        after as long (``prune_files``)."""
         while True:
-            self.store.prune_events(format_time(datetime.now(UTC) - self._retention))
+            cutoff = datetime.now(UTC) - self._retention
+            self.store.prune_events(format_time(cutoff))
+            self.prune_files(cutoff.timestamp())
             await asyncio.sleep(3600)
+
+    def prune_files(self, before: float) -> int:
+        """Remove the files of ended background commands last written before ``before``.
+        The running items are read first and nothing awaits in between, so a command that
+        still runs, or one whose end is not yet recorded (it is running in the store until
+        then, also across a restart), keeps its files."""
+        with self.commands.snapshot() as view:
+            running = {key for key, _ in view.reader.find_rows(Item, status=ItemStatus.RUNNING)}
+        removed = self.processes.prune(before, keep=running)
+        if removed:
+            log.info("removed the files of %d ended background commands", removed)
+        return removed
 
     # ------------------------------------------------------------------ several processes
 

@@ -13,6 +13,7 @@ import contextlib
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -306,6 +307,30 @@ def test_a_command_an_older_tether_started_is_still_read(manager: tuple[ProcessM
     assert processes.spawned_before(command.id)
     assert processes.fate(command) == ("exited", 5)
     assert processes.last_line(command.id) == "last"
+
+
+def test_prune_takes_a_commands_files_together_and_only_when_all_are_old(
+    manager: tuple[ProcessManager, Reports],
+) -> None:
+    """A command's files go together, once the newest of them is older than the cutoff
+    (a quiet command's old output beside a fresh exit status stays); one in ``keep`` stays;
+    an older tether's directory goes whole."""
+    processes, _ = manager
+    root = processes.root
+    root.mkdir(parents=True)
+    hour_ago = time.time() - 3600
+    for name in ("bg_old.out", "bg_old.pid", "bg_fresh.out", "bg_fresh.pid", "bg_kept.out", "bg_kept.pid"):
+        (root / name).write_text("x")
+        os.utime(root / name, (hour_ago, hour_ago))
+    os.utime(root / "bg_fresh.pid")  # its exit status was just appended
+    (root / "bg_older").mkdir()
+    (root / "bg_older" / "out").write_text("x")
+    for path in (root / "bg_older" / "out", root / "bg_older"):
+        os.utime(path, (hour_ago, hour_ago))
+    assert processes.prune(time.time() - 60, keep={"bg_kept"}) == 2
+    left = sorted(p.name for p in root.iterdir())
+    assert left == ["bg_fresh.out", "bg_fresh.pid", "bg_kept.out", "bg_kept.pid"]
+    assert processes.prune(time.time() - 60, keep=set()) == 1  # bg_kept, now ended
 
 
 def test_a_zombie_is_not_running(backend: ProcessBackend) -> None:

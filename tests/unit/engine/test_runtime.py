@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -249,3 +251,44 @@ async def test_a_scripts_delegations_are_named_by_label_not_kept_in_its_state(
     with runtime.store.read() as reader:
         labels = [t.label for t in reader.find(Task, parent_thread_id=created["threadId"])]
     assert labels == [f"c{n}" for n in range(5)]
+
+
+async def test_the_files_of_ended_commands_go_after_the_retention_but_a_running_ones_stay(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    """``prune_files`` (hourly, with the events' retention): an ended command's files go
+    once all of them are older than the cutoff; a running command's stay however old."""
+    thread = thread_of(runtime)
+    flag = tmp_path / "go"
+    running = runtime.commands.start_process(thread, "command", f"until [ -e {flag} ]; do sleep 0.01; done")
+    ended = runtime.commands.start_process(thread, "command", "echo done")
+
+    def status(item_id: str) -> str:
+        with runtime.store.read() as reader:
+            item = reader.get(Item, item_id)
+        assert item is not None
+        return item.status
+
+    def files_of(view: dict[str, Any]) -> list[Path]:
+        return sorted(runtime.processes.root.glob(f"{view['id']}.*"))
+
+    await until(runtime, ["events"], lambda: status(ended["id"]) != ItemStatus.RUNNING or None)
+    await until(runtime, ["events"], lambda: bool(files_of(running)) or None)
+    assert files_of(ended) and files_of(running)
+    _age_files(runtime.processes.root)
+    assert runtime.prune_files(time.time() - 60) == 1
+    assert files_of(ended) == [] and files_of(running), "only the ended command's files went"
+
+    flag.touch()
+    await until(runtime, ["events"], lambda: status(running["id"]) != ItemStatus.RUNNING or None)
+    assert runtime.prune_files(time.time() - 60) == 0, "just written: kept"
+    _age_files(runtime.processes.root)
+    assert runtime.prune_files(time.time() - 60) == 1
+    assert files_of(running) == []
+
+
+def _age_files(root: Path) -> None:
+    """As if every file in ``root`` was last written an hour ago."""
+    hour_ago = time.time() - 3600
+    for path in root.iterdir():
+        os.utime(path, (hour_ago, hour_ago))

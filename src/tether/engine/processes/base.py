@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -368,6 +369,31 @@ class ProcessManager:
             return
         self._killed.setdefault(item_id, reason)
         self.backend.kill_tree(pid)
+
+    def prune(self, before: float, keep: set[str]) -> int:
+        """Remove the files of every command not in ``keep`` (the items still running)
+        whose files were all last written before ``before`` (a ``time.time()``): how each
+        ended — its status and its output's tail — is in the store, so only a person reads
+        them now, and a command's output can be large. Returns how many commands' files
+        went. A command an older tether started has a directory: it goes whole."""
+        newest: dict[str, float] = {}
+        paths: dict[str, list[str]] = {}
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.root) as entries:
+            for entry in entries:
+                item_id = entry.name.split(".", 1)[0]
+                with contextlib.suppress(OSError):
+                    written = entry.stat(follow_symlinks=False).st_mtime
+                    newest[item_id] = max(newest.get(item_id, written), written)
+                    paths.setdefault(item_id, []).append(entry.path)
+        gone = [i for i, t in newest.items() if t < before and i not in keep and i not in self._watchers]
+        for item_id in gone:
+            for path in paths[item_id]:
+                with contextlib.suppress(OSError):
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path)
+                    else:
+                        os.unlink(path)
+        return len(gone)
 
     async def close(self) -> None:
         """Stop watching (the processes live on; a restart adopts them)."""
