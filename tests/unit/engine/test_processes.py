@@ -407,9 +407,10 @@ def test_plain_words_are_only_what_sh_would_run_as_those_words(command: str, wor
     assert plain_words(command) == words
 
 
+#: First words whose output is the same every run (``time``'s is not: it reports times).
 _FIRST = st.sampled_from(
     ["echo", "printf", "true", "false", "/bin/echo", "ls", "test", "cd", "pwd", "wc", "sh", "no-such-command",
-     "exit", "exec", "umask", "command", "type", "read", "getopts", "ulimit", "alias", "in", "for", "time"]
+     "exit", "exec", "umask", "command", "type", "read", "getopts", "ulimit", "alias", "in", "for"]
 )
 _ARG = st.sampled_from(["-n", "a", "b=c", "/nonexistent", "-1", "x,y", "3", "%s", "--", "-c", "-f", "0"])
 
